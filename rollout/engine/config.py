@@ -1,0 +1,79 @@
+"""Engine configuration: one frozen, validated dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_DEVICES = ("auto", "cpu", "cuda")
+_ATTENTION_BACKENDS = ("auto", "torch", "triton")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How one engine (one device) runs. Every field is checked at construction."""
+
+    model: str = ""
+    """Local path or hub id of a transformers causal LM (empty when wrapping an in-memory model)."""
+    dtype: str = "auto"
+    """Weights and KV cache dtype: "auto" = bfloat16 on CUDA, float32 on CPU."""
+    device: str = "auto"
+    """"auto" = CUDA when available, else CPU."""
+    max_model_len: int = 4096
+    """Longest sequence (prompt + completion) in tokens; generation stops there with reason "length"."""
+    max_num_seqs: int = 256
+    """Most sequences in one step (decode batch size cap)."""
+    max_num_batched_tokens: int = 8192
+    """Token budget of one step: decode tokens first, then chunks of prefills."""
+    block_size: int = 16
+    """Tokens per KV-cache block."""
+    num_kv_blocks: int | None = None
+    """KV-cache blocks; None = size from free memory (CUDA) or from max_num_seqs x max_model_len (CPU)."""
+    gpu_memory_utilization: float = 0.9
+    """Share of the GPU's total memory this engine may use (weights + activations + KV cache)."""
+    overlap: bool = True
+    """Overlap loop (CPU prepares step N+1 while the device runs step N); False = the sync loop."""
+    cuda_graphs: bool = True
+    """Capture decode steps in CUDA graphs (CUDA only; ignored on CPU)."""
+    attention: str = "auto"
+    """Paged attention backend: "triton" on CUDA, "torch" (the reference twin) elsewhere."""
+    seed: int = 0
+    """Seeds the sampler for requests that bring no seed of their own."""
+    cpu_kv_cache_gib: float = 2.0
+    """Upper bound on the KV cache on CPU when num_kv_blocks is None."""
+
+    def __post_init__(self) -> None:
+        _check_choice("dtype", self.dtype, _DTYPES)
+        _check_choice("device", self.device, _DEVICES)
+        _check_choice("attention", self.attention, _ATTENTION_BACKENDS)
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):
+            _check_positive_int(name, getattr(self, name))
+        if self.num_kv_blocks is not None:
+            _check_positive_int("num_kv_blocks", self.num_kv_blocks)
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1]; got {self.gpu_memory_utilization}"
+            )
+        if self.cpu_kv_cache_gib <= 0:
+            raise ValueError(f"cpu_kv_cache_gib must be > 0; got {self.cpu_kv_cache_gib}")
+        if not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int; got {self.seed!r}")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> EngineConfig:
+        """Build from a plain dict (parsed YAML); unknown keys are errors that name the key."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown engine config key(s) {unknown}; valid keys: {sorted(known)}")
+        return cls(**values)
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}; got {value!r}")
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int; got {value!r}")

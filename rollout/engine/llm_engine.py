@@ -1,0 +1,222 @@
+"""LLMEngine: requests in, completions out; one engine per device."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from collections.abc import Sequence as SequenceABC
+
+import torch
+
+from rollout.engine.block_manager import BlockManager
+from rollout.engine.config import EngineConfig
+from rollout.engine.kv_cache import KVCacheShape, decide_num_blocks
+from rollout.engine.model_loader import load_model, load_tokenizer, resolve_device, resolve_dtype
+from rollout.engine.request_checks import check_prompt
+from rollout.engine.runner import ModelRunner
+from rollout.engine.sampling_params import SamplingParams
+from rollout.engine.scheduler import Scheduler
+from rollout.engine.sequence import Completion, Sequence
+from rollout.engine.step_loop import OverlapLoop, SyncLoop
+
+Prompt = str | list[int]
+
+
+class LLMEngine:
+    """Continuous-batching generation over a transformers causal LM with a paged KV cache.
+
+    >>> engine = LLMEngine(EngineConfig(model="path/to/model"))
+    >>> engine.generate(["2 + 2 ="], SamplingParams(max_tokens=8, temperature=0))
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        if not config.model:
+            raise ValueError("EngineConfig.model is empty: give a model path or hub id")
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
+        model = load_model(config.model, dtype, device)
+        self._setup(model, config, load_tokenizer(config.model), device, dtype)
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module, config: EngineConfig, tokenizer=None) -> LLMEngine:
+        """Wrap an in-memory transformers model (moved to the config's device and dtype in place)."""
+        engine = cls.__new__(cls)
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
+        model.to(device=device, dtype=dtype)
+        engine._setup(model, config, tokenizer, device, dtype)
+        return engine
+
+    def _setup(self, model, config: EngineConfig, tokenizer, device, dtype) -> None:
+        model.eval()
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.dtype = dtype
+        self.vocab_size = model.get_input_embeddings().weight.shape[0]
+        shape = KVCacheShape.from_model_config(model.config)
+        self.num_kv_blocks = decide_num_blocks(config, shape, dtype, device, self.vocab_size)
+        self.block_manager = BlockManager(self.num_kv_blocks, config.block_size)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=config.max_model_len,
+            eos_token_ids=_eos_token_ids(model, tokenizer),
+        )
+        self.runner = ModelRunner(model, config, device, dtype, self.num_kv_blocks, self.vocab_size)
+        loop_class = OverlapLoop if config.overlap else SyncLoop
+        self.loop = loop_class(self.scheduler, self.runner, config.block_size)
+        self._ready: list[Completion] = []  # results known without running (bad requests, aborts)
+        self._arrivals = itertools.count()
+        self._request_ids = itertools.count()
+
+    # ---- low-level API: add requests, step, collect ---------------------------------------------
+
+    def add_request(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        request_id: str | None = None,
+        first_index: int = 0,
+    ) -> str:
+        """Queue one prompt's `params.n` samples (indices first_index .. first_index + n - 1)."""
+        request_id = request_id if request_id is not None else f"req-{next(self._request_ids)}"
+        token_ids = self._tokenize(prompt)
+        arrival = next(self._arrivals)
+        seed = params.seed if params.seed is not None else _derive_seed(self.config.seed, arrival)
+        error = check_prompt(
+            token_ids,
+            params,
+            vocab_size=self.vocab_size,
+            max_model_len=self.config.max_model_len,
+            max_num_seqs=self.config.max_num_seqs,
+            cache_tokens=self.num_kv_blocks * self.config.block_size,
+        )
+        if error is not None:
+            for j in range(params.n):
+                self._ready.append(
+                    Completion(first_index + j, list(token_ids), [], [], "error", error, request_id)
+                )
+            return request_id
+        seq = Sequence(
+            seq_id=arrival,
+            request_id=request_id,
+            index=first_index,
+            params=params,
+            seed=seed,
+            sample_index=0,
+            prompt_token_ids=list(token_ids),
+            arrival=arrival,
+            num_forks_pending=params.n - 1,
+        )
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """End every sample of the request with finish_reason "abort" (returned by the next step)."""
+        for seq in self.scheduler.abort(request_id):
+            self._ready.append(seq.to_completion())
+
+    def has_unfinished(self) -> bool:
+        return bool(self._ready) or self.scheduler.has_unfinished() or self.loop.has_in_flight()
+
+    def step(self) -> list[Completion]:
+        """Run one step; returns the completions that ended since the last call."""
+        finished = (
+            self.loop.step()
+            if (self.scheduler.has_unfinished() or self.loop.has_in_flight())
+            else []
+        )
+        ready, self._ready = self._ready, []
+        return ready + [seq.to_completion() for seq in finished]
+
+    # ---- high-level API -----------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: SequenceABC[Prompt],
+        params: SamplingParams | SequenceABC[SamplingParams],
+        use_tqdm: bool = False,
+    ) -> list[Completion]:
+        """All completions in input order: prompt i's samples at [offset_i, offset_i + n_i)."""
+        total = _count_samples(prompts, params)
+        results: list[Completion | None] = [None] * total
+        progress = _progress(total, use_tqdm)
+        for completion in self.stream(prompts, params):
+            results[completion.index] = completion
+            progress.update(1)
+        progress.close()
+        assert all(r is not None for r in results), "every sample ends with exactly one result"
+        return results  # type: ignore[return-value]
+
+    def stream(
+        self,
+        prompts: SequenceABC[Prompt],
+        params: SamplingParams | SequenceABC[SamplingParams],
+    ) -> Iterator[Completion]:
+        """Yield completions as they finish (any order); `index` gives their place in the input."""
+        if self.has_unfinished():
+            raise RuntimeError(
+                "engine has requests in flight; generate()/stream() need an idle engine "
+                "(use add_request()/step() to mix)"
+            )
+        params_list = _params_per_prompt(prompts, params)
+        offset = 0
+        for prompt, sp in zip(prompts, params_list, strict=True):
+            self.add_request(prompt, sp, first_index=offset)
+            offset += sp.n
+        while self.has_unfinished():
+            yield from self.step()
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    def _tokenize(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(
+                    "prompt is a string but the engine has no tokenizer; pass token ids"
+                )
+            return self.tokenizer.encode(prompt, add_special_tokens=True)
+        return list(prompt)
+
+
+def _eos_token_ids(model, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+    generation_config = getattr(model, "generation_config", None)
+    eos = getattr(generation_config, "eos_token_id", None) if generation_config else None
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif eos is not None:
+        ids.update(int(e) for e in eos)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
+
+
+def _derive_seed(engine_seed: int, arrival: int) -> int:
+    return (engine_seed * 1_000_003 + arrival * 7_919 + 1) % (1 << 62)
+
+
+def _params_per_prompt(prompts, params) -> list[SamplingParams]:
+    if isinstance(params, SamplingParams):
+        return [params] * len(prompts)
+    params = list(params)
+    if len(params) != len(prompts):
+        raise ValueError(
+            f"got {len(prompts)} prompts but {len(params)} SamplingParams; give one or one per prompt"
+        )
+    return params
+
+
+def _count_samples(prompts, params) -> int:
+    return sum(p.n for p in _params_per_prompt(prompts, params))
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="generating", unit="seq", disable=not enabled)

@@ -1,0 +1,119 @@
+"""On-device sampling with per-token logprobs and counter-based seeded randomness.
+
+Randomness: a row's noise is a hash of (row key, vocabulary index), where the row key mixes the
+request seed, the sample index and the output position. So a token depends only on its own
+request, never on the batch around it, on preemption, or on which loop ran it; no generator state
+lives on the device and nothing syncs with the host. The noise is Gumbel: argmax(logits/T + g)
+draws from softmax(logits/T).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash on int64 tensors holding values in [0, 2^32).
+
+    Multipliers are < 2^31 so products stay below 2^63 (no signed overflow).
+    """
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x5BD1E995) & _M32
+    return x ^ (x >> 16)
+
+
+def _mix32_host(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.uint64) & np.uint64(_M32)
+    x ^= x >> np.uint64(16)
+    x = (x * np.uint64(0x7FEB352D)) & np.uint64(_M32)
+    x ^= x >> np.uint64(15)
+    x = (x * np.uint64(0x5BD1E995)) & np.uint64(_M32)
+    return x ^ (x >> np.uint64(16))
+
+
+def row_keys(
+    seeds: np.ndarray, sample_indices: np.ndarray, output_positions: np.ndarray
+) -> np.ndarray:
+    """One 32-bit key per sampled token from (seed, sample index, output position), as int64."""
+    seeds = seeds.astype(np.uint64)
+    key = _mix32_host(seeds & np.uint64(_M32)) ^ _mix32_host(
+        (seeds >> np.uint64(32)) + np.uint64(1)
+    )
+    key = _mix32_host(key ^ _mix32_host(sample_indices.astype(np.uint64) + np.uint64(0x9E37)))
+    key = _mix32_host(key ^ _mix32_host(output_positions.astype(np.uint64) + np.uint64(0x85EB)))
+    return key.astype(np.int64)
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row sampling parameters on the device (views of the step slot's buffers)."""
+
+    temperature: torch.Tensor  # [rows] float32; 0 = greedy
+    top_k: torch.Tensor  # [rows] int64; 0 = off
+    top_p: torch.Tensor  # [rows] float32; 1 = off
+    min_p: torch.Tensor  # [rows] float32; 0 = off
+    keys: torch.Tensor  # [rows] int64, from row_keys()
+    needs_sort: bool  # some row uses top-k or top-p (a host-side flag: skip the sort otherwise)
+    needs_min_p: bool
+
+
+class Sampler:
+    def __init__(self, vocab_size: int, device: torch.device) -> None:
+        # Hash of each vocabulary index, mixed with the row key per step.
+        self.vocab_hash = _mix32(
+            torch.arange(vocab_size, dtype=torch.int64, device=device) + 0x3C6E
+        )
+
+    def __call__(
+        self, logits: torch.Tensor, params: SamplingTensors
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [rows, vocab] -> (token ids [rows] int64, logprobs [rows] float32)."""
+        logits = logits.float()
+        greedy = params.temperature == 0
+        temperature = torch.where(greedy, 1.0, params.temperature)[:, None]
+        scaled = logits / temperature  # [rows, vocab]
+        logprobs_all = torch.log_softmax(scaled, dim=-1)
+        filtered = self._filter(scaled, logprobs_all, params)
+        sampled = torch.argmax(filtered + self._gumbel(params.keys, logits.shape[1]), dim=-1)
+        tokens = torch.where(greedy, torch.argmax(logits, dim=-1), sampled)
+        logprobs = torch.gather(logprobs_all, 1, tokens[:, None])[:, 0]
+        return tokens, logprobs
+
+    def _gumbel(self, keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        bits = _mix32(keys[:, None] ^ self.vocab_hash[None, :vocab_size])  # [rows, vocab]
+        # 24 random bits -> u strictly inside (0, 1), exact in fp32.
+        u = ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+        return -torch.log(-torch.log(u))
+
+    @staticmethod
+    def _filter(
+        scaled: torch.Tensor, logprobs: torch.Tensor, params: SamplingTensors
+    ) -> torch.Tensor:
+        """Set tokens outside top-k / top-p / min-p to -inf (the most likely token always stays)."""
+        neg_inf = torch.tensor(float("-inf"), device=scaled.device)
+        if params.needs_min_p:
+            max_logprob = logprobs.max(dim=-1, keepdim=True).values
+            floor = max_logprob + torch.log(params.min_p.clamp(min=1e-30))[:, None]
+            scaled = torch.where(logprobs < floor, neg_inf, scaled)
+        if params.needs_sort:
+            sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+            vocab = scaled.shape[1]
+            ranks = torch.arange(vocab, device=scaled.device)[None, :]
+            k = torch.where(params.top_k > 0, params.top_k, vocab)[:, None]
+            drop = ranks >= k
+            probs = torch.softmax(sorted_logits, dim=-1)
+            mass_before = (
+                torch.cumsum(probs, dim=-1) - probs
+            )  # probability of strictly better tokens
+            drop |= mass_before >= params.top_p[:, None]
+            drop[:, 0] = False
+            sorted_logits = torch.where(drop, neg_inf, sorted_logits)
+            scaled = torch.empty_like(scaled).scatter_(1, order, sorted_logits)
+        return scaled

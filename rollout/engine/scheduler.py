@@ -1,0 +1,282 @@
+"""Continuous batching: which sequences run in the next step, and with how many tokens. No torch here.
+
+Each step gets a token budget. Running sequences go first, oldest first (a decode costs one token, an
+unfinished prefill continues with a chunk); waiting sequences are then admitted in arrival order
+while the budget, the sequence cap and the free blocks allow. When a running sequence cannot get a
+block, the newest running sequence not yet in this step is preempted (its blocks freed, recomputed
+later); if none is left, the sequence preempts itself. Since every admitted sequence fits alone in
+the cache, the oldest one always progresses: no deadlock.
+
+`schedule()` advances host state at once, as if the step had already run: computed-token counts go
+up and each sampled token is a PLACEHOLDER until `process_results()` fills it. So the next step can
+be scheduled while this one is still on the device (the overlap loop); its inputs name the
+placeholders they need through `carry_row` (the previous step's sampler row).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rollout.engine.block_manager import BlockManager
+from rollout.engine.sequence import PLACEHOLDER, Sequence, Status
+
+
+@dataclass
+class ScheduledChunk:
+    """One sequence's share of a step: positions [start, start + len(token_ids))."""
+
+    seq: Sequence
+    start: int
+    token_ids: list[int]
+    """Input token ids; the last may be a PLACEHOLDER filled on the device from `carry_row`."""
+    carry_row: int
+    """Row of the previous step's sampler output that fills the last input token (-1: none)."""
+    num_samples: int
+    """0 for a prefill chunk that does not reach the end; else 1, or n for a new group's prompt."""
+
+
+@dataclass
+class SampleRow:
+    """One token the sampler draws this step."""
+
+    seq: Sequence
+    position: int
+    """Index into seq.token_ids where the token goes (holds a PLACEHOLDER until the result)."""
+    chunk_index: int
+    """Which chunk's last token's logits it is drawn from (G rows share one for a new group)."""
+
+
+@dataclass
+class StepPlan:
+    step_id: int
+    chunks: list[ScheduledChunk]
+    rows: list[SampleRow]
+    block_copies: list[tuple[int, int]]
+    """(src, dst) KV blocks to copy before the forward (copy-on-write of shared blocks)."""
+    num_tokens: int
+    num_preempted: int = 0
+
+
+@dataclass
+class Scheduler:
+    block_manager: BlockManager
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    eos_token_ids: frozenset[int] = frozenset()
+    waiting: list[Sequence] = field(default_factory=list)
+    running: list[Sequence] = field(default_factory=list)
+    num_preemptions: int = 0
+    _next_step: int = 0
+    _next_seq_id: int = 1_000_000_000  # forked samples; requests use small ids
+
+    # ---- requests -------------------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        assert seq.status is Status.WAITING and not seq.block_table
+        _insort(self.waiting, seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort(self, request_id: str) -> list[Sequence]:
+        """Finish every sequence of the request with reason "abort"; returns them."""
+        hits = [s for s in (*self.running, *self.waiting) if s.request_id == request_id]
+        for seq in hits:
+            self._finish(seq, "abort", keep=self._num_resolved(seq))
+        return hits
+
+    # ---- one step -------------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan | None:
+        """Pick the next step's work and advance host state; None when nothing can run now."""
+        plan = StepPlan(self._next_step, [], [], [], 0)
+        budget = self.max_num_batched_tokens
+        in_step: set[int] = set()
+
+        # Running sequences first, oldest first. Iterate over a snapshot: preemption edits the list.
+        for seq in list(self.running):
+            if budget == 0 or len(plan.chunks) == self.max_num_seqs:
+                break
+            if seq.status is not Status.RUNNING or self._waits_for_last_token(seq):
+                continue
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if self._make_room(seq, num_new, in_step, plan):
+                budget -= self._add_chunk(plan, seq, num_new)
+                in_step.add(seq.seq_id)
+
+        # Then admissions, unless this step had to preempt (the cache is full: admitting now would
+        # only churn, and a just-preempted sequence may still wait for its in-flight token).
+        while plan.num_preempted == 0 and self.waiting and budget > 0:
+            seq = self.waiting[0]
+            if len(plan.chunks) == self.max_num_seqs or (
+                len(self.running) + 1 + seq.num_forks_pending > self.max_num_seqs
+            ):
+                break
+            num_new = min(seq.num_tokens, budget)
+            if not self.block_manager.can_append(seq.block_table, 0, num_new):
+                break
+            self.waiting.pop(0)
+            seq.status = Status.RUNNING
+            _insort(self.running, seq)
+            budget -= self._add_chunk(plan, seq, num_new)
+
+        if not plan.chunks:
+            return None
+        self._next_step += 1
+        return plan
+
+    def process_results(
+        self, plan: StepPlan, token_ids: np.ndarray, logprobs: np.ndarray
+    ) -> list[Sequence]:
+        """Fill the plan's placeholders with sampled tokens; returns sequences that finished."""
+        finished = []
+        for row, (sample, token, logprob) in enumerate(
+            zip(plan.rows, token_ids, logprobs, strict=True)
+        ):
+            seq = sample.seq
+            if seq.is_finished:  # stopped a step earlier (or aborted): its extra token is dropped
+                continue
+            assert seq.token_ids[sample.position] == PLACEHOLDER, f"row {row} has no placeholder"
+            token = int(token)
+            seq.token_ids[sample.position] = token
+            seq.logprobs.append(float(logprob))
+            if seq.pending_step == plan.step_id:
+                seq.pending_step = seq.pending_row = -1
+            reason = self._stop_reason(seq, token, sample.position + 1)
+            if reason is not None:
+                self._finish(seq, reason, keep=sample.position + 1)
+                finished.append(seq)
+        return finished
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def _add_chunk(self, plan: StepPlan, seq: Sequence, num_new: int) -> int:
+        start = seq.num_computed_tokens
+        end = start + num_new
+        assert num_new > 0 and end <= seq.num_tokens
+        plan.block_copies += self.block_manager.append(seq.block_table, start, end)
+        carry_row = -1
+        if seq.token_ids[end - 1] == PLACEHOLDER:
+            assert seq.pending_step == plan.step_id - 1, "placeholder from an older step"
+            carry_row = seq.pending_row
+        assert PLACEHOLDER not in seq.token_ids[start : end - 1], "placeholder inside a chunk"
+        reaches_end = end == seq.num_tokens
+        num_samples = (1 + seq.num_forks_pending) if reaches_end else 0
+        chunk_index = len(plan.chunks)
+        plan.chunks.append(
+            ScheduledChunk(seq, start, seq.token_ids[start:end], carry_row, num_samples)
+        )
+        plan.num_tokens += num_new
+        seq.num_computed_tokens = end
+        if reaches_end:
+            self._append_placeholder(plan, seq, chunk_index)
+            for j in range(1, seq.num_forks_pending + 1):
+                child = self._fork(seq, sample_index=seq.sample_index + j)
+                self._append_placeholder(plan, child, chunk_index)
+            seq.num_forks_pending = 0
+        return num_new
+
+    def _append_placeholder(self, plan: StepPlan, seq: Sequence, chunk_index: int) -> None:
+        seq.pending_step, seq.pending_row = plan.step_id, len(plan.rows)
+        seq.token_ids.append(PLACEHOLDER)
+        plan.rows.append(SampleRow(seq, seq.num_tokens - 1, chunk_index))
+
+    def _fork(self, parent: Sequence, sample_index: int) -> Sequence:
+        """A further sample of a group whose prompt was just computed: it shares the prompt's blocks."""
+        assert (
+            parent.num_output_tokens == 1 and parent.num_computed_tokens == parent.num_prompt_tokens
+        )
+        self._next_seq_id += 1
+        child = Sequence(
+            seq_id=self._next_seq_id,
+            request_id=parent.request_id,
+            index=parent.index - parent.sample_index + sample_index,
+            params=parent.params,
+            seed=parent.seed,
+            sample_index=sample_index,
+            prompt_token_ids=parent.prompt_token_ids,
+            arrival=parent.arrival,
+            num_computed_tokens=parent.num_computed_tokens,
+            block_table=self.block_manager.share(parent.block_table),
+            status=Status.RUNNING,
+        )
+        _insort(self.running, child)
+        return child
+
+    def _make_room(self, seq: Sequence, num_new: int, in_step: set[int], plan: StepPlan) -> bool:
+        """Preempt newer sequences until `seq` can take its blocks; False if `seq` itself went."""
+        start = seq.num_computed_tokens
+        while not self.block_manager.can_append(seq.block_table, start, start + num_new):
+            victim = next((s for s in reversed(self.running) if s.seq_id not in in_step), None)
+            assert victim is not None, "the sequence itself is always a candidate"
+            self._preempt(victim)
+            plan.num_preempted += 1
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq.block_table)
+        seq.num_computed_tokens = 0
+        seq.status = Status.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        _insort(self.waiting, seq)
+
+    def _token_limit(self, seq: Sequence) -> int:
+        return min(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len)
+
+    def _waits_for_last_token(self, seq: Sequence) -> bool:
+        # Its last token is in flight; computing one more would be wasted work.
+        return seq.num_tokens >= self._token_limit(seq)
+
+    def _stop_reason(self, seq: Sequence, token: int, num_tokens: int) -> str | None:
+        params = seq.params
+        if token in params.stop_token_ids or (
+            not params.ignore_eos and token in self.eos_token_ids
+        ):
+            return "stop"
+        if num_tokens >= self._token_limit(seq):
+            return "length"
+        return None
+
+    def _num_resolved(self, seq: Sequence) -> int:
+        n = seq.num_tokens
+        while n > seq.num_prompt_tokens and seq.token_ids[n - 1] == PLACEHOLDER:
+            n -= 1
+        return n
+
+    def _finish(self, seq: Sequence, reason: str, keep: int) -> None:
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is Status.WAITING:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq.block_table)
+        del seq.token_ids[keep:]
+        del seq.logprobs[keep - seq.num_prompt_tokens :]
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        seq.pending_step = seq.pending_row = -1
+
+
+def _insort(queue: list[Sequence], seq: Sequence) -> None:
+    bisect.insort(queue, seq, key=_age)
+
+
+def _age(seq: Sequence) -> tuple[int, int]:
+    return (seq.arrival, seq.seq_id)
+
+
+def count_table_references(seqs: Iterable[Sequence], num_blocks: int) -> np.ndarray:
+    """How many block tables reference each block (tests compare it with the reference counts)."""
+    refs = np.zeros(num_blocks, dtype=np.int32)
+    for seq in seqs:
+        for block in seq.block_table:
+            refs[block] += 1
+    return refs

@@ -1,0 +1,101 @@
+"""One sequence (one sample of one prompt) as the scheduler sees it, and the result it ends with."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from rollout.engine.sampling_params import SamplingParams
+
+PLACEHOLDER = -1
+"""Token id of a sampled token that is still on the device (filled by carry-over, then on the host)."""
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # needs (re)prefill; holds no blocks
+    RUNNING = "running"  # holds blocks; prefill in progress or decoding
+    FINISHED = "finished"
+
+
+@dataclass
+class Completion:
+    """What a request's sample ends with: exactly one per sample, whatever happened."""
+
+    index: int
+    """Position in the call's output order: prompt i's samples are at [i*n, (i+1)*n)."""
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    """Generated tokens; the EOS/stop token is included when it ended the sample."""
+    logprobs: list[float]
+    """One fp32 logprob per generated token, after temperature (raw distribution when greedy)."""
+    finish_reason: str
+    """"stop", "length", "abort" or "error"."""
+    error: str | None = None
+    request_id: str = ""
+
+
+@dataclass(eq=False)
+class Sequence:
+    """Host state of one sample. Token ids hold PLACEHOLDER where a sample is still on the device."""
+
+    seq_id: int
+    request_id: str
+    index: int
+    params: SamplingParams
+    seed: int
+    sample_index: int
+    prompt_token_ids: list[int]
+    arrival: int
+    """Admission order; preemption picks the largest (the newest)."""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    num_forks_pending: int = 0
+    """Samples still to fork off this one when its prompt is done (n - 1 for a new group's first)."""
+    pending_step: int = -1
+    """Id of the in-flight step whose sampled token fills the last PLACEHOLDER (-1: none)."""
+    pending_row: int = -1
+    """Row of that step's sampler output holding the token (the carry-over source)."""
+    finish_reason: str | None = None
+    error: str | None = None
+    num_preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    @property
+    def has_pending_token(self) -> bool:
+        return self.pending_step >= 0
+
+    def to_completion(self) -> Completion:
+        assert self.is_finished and self.finish_reason is not None, "only finished sequences"
+        outputs = self.token_ids[self.num_prompt_tokens :]
+        assert PLACEHOLDER not in outputs, "a finished sequence must have no pending token"
+        return Completion(
+            index=self.index,
+            prompt_token_ids=list(self.prompt_token_ids),
+            token_ids=outputs,
+            logprobs=list(self.logprobs),
+            finish_reason=self.finish_reason,
+            error=self.error,
+            request_id=self.request_id,
+        )

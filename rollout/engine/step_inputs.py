@@ -1,0 +1,116 @@
+"""Turn a StepPlan into the flat host arrays one forward needs. numpy only, no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rollout.engine.sampler import row_keys
+from rollout.engine.scheduler import StepPlan
+from rollout.engine.sequence import PLACEHOLDER
+
+
+@dataclass
+class StepInputs:
+    input_ids: np.ndarray  # [num_tokens] int64; 0 where a placeholder waits for carry-over
+    positions: np.ndarray  # [num_tokens] int64
+    slot_mapping: np.ndarray  # [num_tokens] int64
+    carry_src: np.ndarray  # [num_tokens] int64; row of the previous step's samples, or -1
+    query_start_loc: np.ndarray  # [num_seqs + 1] int32
+    seq_lens: np.ndarray  # [num_seqs] int32: context length after this step
+    block_tables: np.ndarray  # [num_seqs, max_blocks] int32 (padded with 0)
+    logits_indices: np.ndarray  # [num_logits] int64: token rows whose logits are needed
+    row_logits: np.ndarray  # [num_rows] int64: which logits row each sample draws from
+    temperature: np.ndarray  # [num_rows] float32
+    top_k: np.ndarray  # [num_rows] int64
+    top_p: np.ndarray  # [num_rows] float32
+    min_p: np.ndarray  # [num_rows] float32
+    keys: np.ndarray  # [num_rows] int64
+    block_copies: np.ndarray  # [num_copies, 2] int64 (src, dst)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.row_logits)
+
+    @property
+    def needs_sort(self) -> bool:
+        return bool(np.any(self.top_k > 0) or np.any(self.top_p < 1))
+
+    @property
+    def needs_min_p(self) -> bool:
+        return bool(np.any(self.min_p > 0))
+
+
+def build_step_inputs(plan: StepPlan, block_size: int) -> StepInputs:
+    chunks = plan.chunks
+    num_seqs = len(chunks)
+    lens = np.fromiter((len(c.token_ids) for c in chunks), dtype=np.int64, count=num_seqs)
+    starts = np.fromiter((c.start for c in chunks), dtype=np.int64, count=num_seqs)
+    query_start_loc = np.zeros(num_seqs + 1, dtype=np.int32)
+    np.cumsum(lens, out=query_start_loc[1:])
+    seq_lens = (starts + lens).astype(np.int32)
+
+    input_ids = np.fromiter(
+        (t for c in chunks for t in c.token_ids), dtype=np.int64, count=plan.num_tokens
+    )
+    # Token i of chunk s sits at position starts[s] + (i - query_start_loc[s]).
+    owner = np.repeat(np.arange(num_seqs), lens)
+    positions = np.arange(plan.num_tokens, dtype=np.int64) - query_start_loc[owner] + starts[owner]
+
+    max_blocks = max(len(c.seq.block_table) for c in chunks)
+    block_tables = np.zeros((num_seqs, max_blocks), dtype=np.int32)
+    for s, c in enumerate(chunks):
+        block_tables[s, : len(c.seq.block_table)] = c.seq.block_table
+    slot_mapping = (
+        block_tables[owner, positions // block_size].astype(np.int64) * block_size
+        + positions % block_size
+    )
+
+    carry_src = np.full(plan.num_tokens, -1, dtype=np.int64)
+    last_token = query_start_loc[1:].astype(np.int64) - 1
+    carry_rows = np.fromiter((c.carry_row for c in chunks), dtype=np.int64, count=num_seqs)
+    carried = carry_rows >= 0
+    carry_src[last_token[carried]] = carry_rows[carried]
+    input_ids[input_ids == PLACEHOLDER] = 0
+    assert np.all(input_ids[carry_src < 0] >= 0), "placeholder without a carry-over source"
+
+    sampling_chunks = [s for s, c in enumerate(chunks) if c.num_samples > 0]
+    logits_indices = last_token[sampling_chunks]
+    logits_row_of_chunk = np.full(num_seqs, -1, dtype=np.int64)
+    logits_row_of_chunk[sampling_chunks] = np.arange(len(sampling_chunks))
+
+    rows = plan.rows
+    num_rows = len(rows)
+    row_logits = logits_row_of_chunk[[r.chunk_index for r in rows]].astype(np.int64)
+    params = [r.seq.params for r in rows]
+    seeds = np.fromiter((r.seq.seed for r in rows), dtype=np.uint64, count=num_rows)
+    sample_idx = np.fromiter((r.seq.sample_index for r in rows), dtype=np.uint64, count=num_rows)
+    out_pos = np.fromiter(
+        (r.position - r.seq.num_prompt_tokens for r in rows), dtype=np.uint64, count=num_rows
+    )
+    return StepInputs(
+        input_ids=input_ids,
+        positions=positions,
+        slot_mapping=slot_mapping,
+        carry_src=carry_src,
+        query_start_loc=query_start_loc,
+        seq_lens=seq_lens,
+        block_tables=block_tables,
+        logits_indices=logits_indices.astype(np.int64),
+        row_logits=row_logits,
+        temperature=np.array([p.temperature for p in params], dtype=np.float32),
+        top_k=np.array([p.top_k for p in params], dtype=np.int64),
+        top_p=np.array([p.top_p for p in params], dtype=np.float32),
+        min_p=np.array([p.min_p for p in params], dtype=np.float32),
+        keys=row_keys(seeds, sample_idx, out_pos),
+        block_copies=np.array(plan.block_copies, dtype=np.int64).reshape(-1, 2),
+    )

@@ -1,0 +1,86 @@
+"""One of the two input/output slots of the step pipeline.
+
+Step N uses slot N % 2. While the device runs step N from one slot, the host fills the other with
+step N + 1's inputs, so neither side overwrites what the other still reads. Each slot holds host
+buffers (pinned on CUDA) and device buffers of static maximum size, and its own sampler outputs:
+step N + 1 reads step N's sampled tokens from the other slot (carry-over).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rollout.engine.step_inputs import StepInputs
+from rollout.engine.streams import StepStreams
+
+# name -> (dtype, which maximum sizes the buffer), for every StepInputs array that goes to the device.
+_INPUT_FIELDS = {
+    "input_ids": (torch.int64, "tokens"),
+    "positions": (torch.int64, "tokens"),
+    "slot_mapping": (torch.int64, "tokens"),
+    "carry_src": (torch.int64, "tokens"),
+    "query_start_loc": (torch.int32, "seqs+1"),
+    "seq_lens": (torch.int32, "seqs"),
+    "block_tables": (torch.int32, "seqs x blocks"),
+    "logits_indices": (torch.int64, "seqs"),
+    "row_logits": (torch.int64, "seqs"),
+    "temperature": (torch.float32, "seqs"),
+    "top_k": (torch.int64, "seqs"),
+    "top_p": (torch.float32, "seqs"),
+    "min_p": (torch.float32, "seqs"),
+    "keys": (torch.int64, "seqs"),
+    "block_copies": (torch.int64, "seqs x 2"),
+}
+
+
+class StepSlot:
+    def __init__(
+        self,
+        streams: StepStreams,
+        device: torch.device,
+        max_tokens: int,
+        max_seqs: int,
+        max_blocks_per_seq: int,
+    ) -> None:
+        pin = device.type == "cuda"
+        sizes = {
+            "tokens": (max_tokens,),
+            "seqs": (max_seqs,),
+            "seqs+1": (max_seqs + 1,),
+            "seqs x blocks": (max_seqs, max_blocks_per_seq),
+            "seqs x 2": (max_seqs, 2),
+        }
+        self.host: dict[str, torch.Tensor] = {}
+        self.device: dict[str, torch.Tensor] = {}
+        for name, (dtype, size) in _INPUT_FIELDS.items():
+            self.host[name] = torch.zeros(sizes[size], dtype=dtype, pin_memory=pin)
+            self.device[name] = torch.zeros(sizes[size], dtype=dtype, device=device)
+        self.tokens_device = torch.zeros(max_seqs, dtype=torch.int64, device=device)
+        self.logprobs_device = torch.zeros(max_seqs, dtype=torch.float32, device=device)
+        self.tokens_host = torch.zeros(max_seqs, dtype=torch.int64, pin_memory=pin)
+        self.logprobs_host = torch.zeros(max_seqs, dtype=torch.float32, pin_memory=pin)
+        self.copy_in_done = streams.new_event()
+        self.compute_done = streams.new_event()
+        self.copy_out_done = streams.new_event()
+        self.num_rows = 0
+
+    def fill_host(self, inputs: StepInputs) -> dict[str, tuple[int, ...]]:
+        """Write the step's arrays into the pinned host buffers; returns each array's shape."""
+        shapes = {}
+        for name in _INPUT_FIELDS:
+            array: np.ndarray = getattr(inputs, name)
+            index = tuple(slice(0, n) for n in array.shape)
+            self.host[name].numpy()[index] = array
+            shapes[name] = array.shape
+        return shapes
+
+    def copy_to_device(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+        """Enqueue the host-to-device copies on the current stream; returns device views."""
+        views = {}
+        for name, shape in shapes.items():
+            index = tuple(slice(0, n) for n in shape)
+            view = self.device[name][index]
+            view.copy_(self.host[name][index], non_blocking=True)
+            views[name] = view
+        return views

@@ -1,0 +1,61 @@
+"""Paged attention in plain PyTorch: the CPU path and the oracle for the Triton kernels.
+
+Cache layout (one layer): k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim].
+A step's tokens are packed: sequence s owns query rows [query_start_loc[s], query_start_loc[s + 1])
+and, after this step's KV write, has seq_lens[s] tokens of context in the blocks block_tables[s].
+Its queries are the last tokens of that context (causal mask aligned bottom-right).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def write_kv(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [num_tokens] int64; slot = block * block_size + offset; < 0: skip
+) -> None:
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    k_cache.view(num_slots, *k_cache.shape[2:])[slots] = key[keep].to(k_cache.dtype)
+    v_cache.view(num_slots, *v_cache.shape[2:])[slots] = value[keep].to(v_cache.dtype)
+
+
+def paged_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    query_start_loc: list[int],  # num_seqs + 1 host ints
+    seq_lens: list[int],  # num_seqs host ints (context length after this step's write)
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Gather each sequence's pages and attend in fp32 with an explicit bottom-right causal mask."""
+    num_heads = query.shape[1]
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(query)
+    for s, seq_len in enumerate(seq_lens):
+        q_start, q_end = query_start_loc[s], query_start_loc[s + 1]
+        num_queries = q_end - q_start
+        if num_queries == 0:
+            continue
+        num_pages = -(-seq_len // block_size)
+        pages = block_tables[s, :num_pages].long()
+        k = k_cache[pages].reshape(-1, num_kv_heads, k_cache.shape[3])[:seq_len]  # [L, Hkv, D]
+        v = v_cache[pages].reshape(-1, num_kv_heads, v_cache.shape[3])[:seq_len]
+        k = k.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [H, L, D]
+        v = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
+        q = query[q_start:q_end].float().transpose(0, 1)  # [H, Q, D]
+        scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [H, Q, L]
+        # Query i sits at absolute position seq_len - num_queries + i and sees keys up to it.
+        q_pos = torch.arange(seq_len - num_queries, seq_len, device=query.device)
+        k_pos = torch.arange(seq_len, device=query.device)
+        scores.masked_fill_(k_pos[None, :] > q_pos[:, None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[q_start:q_end] = torch.matmul(probs, v).transpose(0, 1).to(out.dtype)
+    return out
