@@ -1,0 +1,83 @@
+"""Shared fixtures: tiny random transformers models (no downloads) and a tiny word tokenizer."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+VOCAB = 96
+EOS = 2
+
+
+def tiny_model(arch: str, seed: int = 0, eos_token_id: int | None = None):
+    """A 2-layer random model of the given architecture, fp32, eval mode."""
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=eos_token_id,
+        bos_token_id=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    classes = {
+        "llama": (LlamaConfig, LlamaForCausalLM, {}),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 16}),
+    }
+    config_class, model_class, extra = classes[arch]
+    torch.manual_seed(seed)
+    model = model_class(config_class(**common, **extra)).eval()
+    # Larger logits than the default init: sampled tokens then differ clearly between seeds.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    model.generation_config.eos_token_id = eos_token_id
+    model.generation_config.pad_token_id = eos_token_id if eos_token_id is not None else 0
+    return model
+
+
+def tiny_tokenizer():
+    """A whitespace word-level tokenizer over VOCAB words (w0 .. w{VOCAB-1}); w2 is EOS."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(VOCAB)}
+    vocab["w1"] = 1
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w0"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="w0", eos_token=f"w{EOS}")
+
+
+@pytest.fixture(params=["llama", "qwen2", "qwen3"])
+def arch(request) -> str:
+    return request.param
+
+
+def random_prompts(lengths, seed: int = 0, low: int = 3) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(low, VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' own generate, greedy, one prompt at a time (no padding effects)."""
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, len(prompt) :].tolist()

@@ -1,0 +1,185 @@
+"""Requests end to end: bad inputs, n samples sharing prompt blocks, streaming, aborts, seeds."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from rollout import Completion, EngineConfig, LLMEngine, SamplingParams
+from tests.conftest import EOS, VOCAB, hf_greedy, random_prompts, tiny_model, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama", seed=1, eos_token_id=EOS)
+
+
+def _engine(model, overlap: bool = True, tokenizer=None, **overrides) -> LLMEngine:
+    settings = dict(
+        overlap=overlap,
+        block_size=4,
+        max_model_len=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=32,
+        num_kv_blocks=32,
+        device="cpu",
+    )
+    settings.update(overrides)
+    return LLMEngine.from_model(copy.deepcopy(model), EngineConfig(**settings), tokenizer)
+
+
+BAD_PROMPTS = {
+    "empty": ([], "empty"),
+    "too long for max_model_len": (list(range(3, 67)), "max_model_len"),
+    "too long for the cache": (list(range(3, 50)), "num_kv_blocks"),
+    "token id past the vocabulary": ([5, VOCAB + 3, 7], "vocabulary"),
+    "negative token id": ([5, -4], "vocabulary"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PROMPTS))
+def test_bad_prompt_alone_gets_an_error_result(model, case: str) -> None:
+    prompt, hint = BAD_PROMPTS[case]
+    engine = _engine(model, num_kv_blocks=10)  # 40 cache tokens < max_model_len 64
+    [result] = engine.generate([prompt], SamplingParams(max_tokens=4))
+    assert result.finish_reason == "error"
+    assert hint in result.error
+    assert result.token_ids == [] and result.logprobs == []
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_bad_prompts_mixed_with_good_ones(model, overlap: bool) -> None:
+    good = random_prompts((4, 9, 6), seed=3)
+    bad = [prompt for prompt, _ in BAD_PROMPTS.values()]
+    prompts = [good[0], bad[0], good[1], bad[1], bad[2], good[2], bad[3], bad[4]]
+    engine = _engine(model, overlap, num_kv_blocks=10)
+    results = engine.generate(prompts, SamplingParams(max_tokens=8, temperature=0, n=2))
+    assert len(results) == 2 * len(prompts)
+    assert [r.index for r in results] == list(range(2 * len(prompts)))
+    for i, prompt in enumerate(prompts):
+        pair = results[2 * i : 2 * i + 2]
+        if prompt in good:
+            assert [r.finish_reason for r in pair] != ["error", "error"]
+            assert pair[0].token_ids == hf_greedy(model, prompt, 8)[: len(pair[0].token_ids)]
+        else:
+            assert all(r.finish_reason == "error" and r.error for r in pair)
+    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+
+
+def test_n_samples_share_the_prompt_blocks(model) -> None:
+    # Prompt of 10 tokens with block_size 4: two full blocks shared by all 4 samples, the partly
+    # filled third block copied on write by 3 of them.
+    engine = _engine(model, overlap=False, num_kv_blocks=32)
+    engine.add_request(random_prompts((10,), seed=8)[0], SamplingParams(max_tokens=6, n=4, seed=1))
+    engine.step()  # prefill once + first token of each sample
+    assert engine.scheduler.num_preemptions == 0
+    seqs = engine.scheduler.running
+    assert len(seqs) == 4
+    assert len({tuple(s.block_table) for s in seqs}) == 1, "all samples reference the prompt blocks"
+    assert engine.block_manager.num_free_blocks == 32 - 3, "the prompt was prefilled once"
+    engine.step()  # first decode: copy-on-write of the partial block
+    tables = [s.block_table for s in engine.scheduler.running]
+    assert len({tuple(t[:2]) for t in tables}) == 1, "full prompt blocks stay shared"
+    assert len({t[2] for t in tables}) == 4, "each sample owns its last block"
+    assert all(engine.block_manager.ref_counts[b] == 4 for b in tables[0][:2])
+    assert engine.block_manager.num_free_blocks == 32 - 2 - 4
+    results = []
+    while engine.has_unfinished():
+        results += engine.step()
+    assert sorted(r.index for r in results) == [0, 1, 2, 3]
+    assert len({tuple(r.token_ids) for r in results}) > 1, "sampled completions differ"
+    assert engine.block_manager.num_free_blocks == 32
+
+
+def test_same_seed_same_tokens_whatever_the_batch(model) -> None:
+    prompt = random_prompts((7,), seed=9)[0]
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=1234, n=2)
+    alone = _engine(model).generate([prompt], params)
+    others = random_prompts((3, 12, 5), seed=10)
+    crowded = _engine(model, overlap=False, num_kv_blocks=12).generate(
+        [*others, prompt], [SamplingParams(max_tokens=12, temperature=1.0)] * 3 + [params]
+    )
+    assert [r.token_ids for r in alone] == [r.token_ids for r in crowded[-2:]]
+    assert alone[0].token_ids != alone[1].token_ids
+    different_seed = _engine(model).generate([prompt], SamplingParams(max_tokens=12, seed=99))
+    assert different_seed[0].token_ids != alone[0].token_ids
+
+
+def test_stream_yields_each_sample_once_as_it_finishes(model) -> None:
+    prompts = random_prompts((3, 5, 8), seed=11)
+    params = [SamplingParams(max_tokens=m, ignore_eos=True, n=2) for m in (20, 2, 9)]
+    order = [c.index for c in _engine(model).stream(prompts, params)]
+    assert sorted(order) == list(range(6))
+    assert set(order[:2]) == {2, 3}, "the shortest request finishes first"
+
+
+def test_ignore_eos_and_stop_token_ids(model) -> None:
+    prompt = random_prompts((6,), seed=12)[0]
+    free = _engine(model).generate(
+        [prompt], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    )
+    tokens = free[0].token_ids
+    assert len(tokens) == 20 and free[0].finish_reason == "length"
+    stop = tokens[5]
+    stopped = _engine(model).generate(
+        [prompt],
+        SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, stop_token_ids=[stop]),
+    )[0]
+    assert stopped.finish_reason == "stop"
+    assert stopped.token_ids == tokens[: tokens.index(stop) + 1]
+
+
+def test_generation_stops_at_max_model_len(model) -> None:
+    prompt = random_prompts((60,), seed=13)[0]
+    [r] = _engine(model, num_kv_blocks=20).generate(
+        [prompt], SamplingParams(max_tokens=30, ignore_eos=True)
+    )
+    assert r.finish_reason == "length" and len(r.token_ids) == 64 - 60
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_abort_ends_a_request_and_keeps_the_others(model, overlap: bool) -> None:
+    engine = _engine(model, overlap)
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    engine.add_request(random_prompts((5,), seed=14)[0], params, request_id="keep")
+    engine.add_request(
+        random_prompts((6,), seed=15)[0],
+        params.__class__(max_tokens=30, n=3, ignore_eos=True),
+        request_id="drop",
+        first_index=1,
+    )
+    done: list[Completion] = []
+    for _ in range(4):
+        done += engine.step()
+    engine.abort("drop")
+    while engine.has_unfinished():
+        done += engine.step()
+    by_request = {}
+    for c in done:
+        by_request.setdefault(c.request_id, []).append(c)
+    assert [c.finish_reason for c in by_request["keep"]] == ["length"]
+    assert len(by_request["keep"][0].token_ids) == 30
+    aborted = by_request["drop"]
+    assert sorted(c.index for c in aborted) == [1, 2, 3]
+    assert all(c.finish_reason == "abort" and 0 < len(c.token_ids) < 30 for c in aborted)
+    assert all(len(c.token_ids) == len(c.logprobs) for c in aborted)
+    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+
+
+def test_string_prompts_use_the_tokenizer(model) -> None:
+    tokenizer = tiny_tokenizer()
+    engine = _engine(model, tokenizer=tokenizer)
+    [r] = engine.generate(["w5 w17 w33"], SamplingParams(max_tokens=4, temperature=0))
+    assert r.prompt_token_ids == [5, 17, 33]
+    assert r.token_ids == hf_greedy(model, [5, 17, 33], 4)[: len(r.token_ids)]
+
+
+def test_string_prompt_without_tokenizer_is_a_clear_error(model) -> None:
+    with pytest.raises(ValueError, match="no tokenizer"):
+        _engine(model).generate(["hello"], SamplingParams())
+
+
+def test_params_list_must_match_prompts(model) -> None:
+    with pytest.raises(ValueError, match="one per prompt"):
+        _engine(model).generate([[3, 4], [5]], [SamplingParams()])
