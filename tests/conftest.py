@@ -81,3 +81,13 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
     return out[0, len(prompt) :].tolist()
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked `gpu` skip without CUDA (and must be run on the GPU machine)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device: run `pytest -m gpu` on the GPU machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
