@@ -6,6 +6,7 @@ copy-out event). On CPU the streams and events are no-ops and the same code runs
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,6 +14,15 @@ import torch
 
 from rollout.engine.attention import register_paged_attention
 from rollout.engine.config import EngineConfig
+from rollout.engine.cuda_graph import (
+    SAMPLER_FILTERED,
+    SAMPLER_PLAIN,
+    DecodeGraphs,
+    default_buckets,
+    graph_eligible,
+    pad_decode_inputs,
+)
+from rollout.engine.device_timing import DeviceTiming
 from rollout.engine.forward_context import AttentionMetadata, ForwardContext, forward_context
 from rollout.engine.kv_cache import KVCacheShape, allocate_kv_caches
 from rollout.engine.sampler import Sampler, SamplingTensors
@@ -62,6 +72,12 @@ class ModelRunner:
             )
             for _ in range(2)
         ]
+        self.graphs: DecodeGraphs | None = None
+        if config.cuda_graphs and device.type == "cuda" and self.backend.name == "triton":
+            # The torch twin reads host-side lengths, which a graph cannot refresh: eager there.
+            self.graphs = DecodeGraphs(default_buckets(config.max_num_seqs), self.streams.compute)
+        self.timing: DeviceTiming | None = None  # set by benchmarks: device time of each step
+        self.host_wait_s = 0.0  # host time blocked in wait(): the rest of a step is CPU work
         name = register_paged_attention()
         if hasattr(model, "set_attn_implementation"):
             model.set_attn_implementation(name)
@@ -69,8 +85,16 @@ class ModelRunner:
             model.config._attn_implementation = name
 
     def launch(self, step_id: int, inputs: StepInputs) -> StepHandle:
-        slot = self.slots[step_id % 2]
+        """Enqueue one step (copy in, compute, copy out) and return without waiting."""
+        slot_index = step_id % 2
+        slot = self.slots[slot_index]
         previous = self.slots[(step_id - 1) % 2]  # its sampled tokens feed our placeholders
+        num_rows = inputs.num_rows
+        bucket = None
+        if self.graphs is not None and graph_eligible(inputs):
+            bucket = self.graphs.bucket_for(inputs.num_seqs)
+            if bucket is not None:
+                inputs = pad_decode_inputs(inputs, bucket)
         shapes = slot.fill_host(inputs)
         streams = self.streams
         with streams.on(streams.copy_in):
@@ -78,43 +102,23 @@ class ModelRunner:
             slot.copy_in_done.record()
         with streams.on(streams.compute), torch.inference_mode():
             streams.wait(streams.compute, slot.copy_in_done)
+            timing = self.timing.begin() if self.timing is not None else None
             self._copy_blocks(dev["block_copies"])
-            carry_src = dev["carry_src"]
-            # Carry-over: placeholder positions take the previous step's sampled token.
-            input_ids = torch.where(
-                carry_src >= 0, previous.tokens_device[carry_src.clamp(min=0)], dev["input_ids"]
-            )
-            meta = AttentionMetadata(
-                slot_mapping=dev["slot_mapping"],
-                block_tables=dev["block_tables"],
-                query_start_loc=dev["query_start_loc"],
-                seq_lens=dev["seq_lens"],
-                query_start_loc_host=inputs.query_start_loc.tolist(),
-                seq_lens_host=inputs.seq_lens.tolist(),
-                max_query_len=int(np.diff(inputs.query_start_loc).max()),
-                max_seq_len=int(inputs.seq_lens.max()),
-            )
-            with forward_context(ForwardContext(meta, self.kv_caches, self.backend)):
-                logits = self.model(
-                    input_ids=input_ids[None],
-                    position_ids=dev["positions"][None],
-                    use_cache=False,
-                    logits_to_keep=dev["logits_indices"],
-                ).logits[0]  # [num_logits, vocab]
-            params = SamplingTensors(
-                temperature=dev["temperature"],
-                top_k=dev["top_k"],
-                top_p=dev["top_p"],
-                min_p=dev["min_p"],
-                keys=dev["keys"],
-                needs_sort=inputs.needs_sort,
-                needs_min_p=inputs.needs_min_p,
-            )
-            num_rows = inputs.num_rows
-            if num_rows:
-                tokens, logprobs = self.sampler(logits[dev["row_logits"]], params)
-                slot.tokens_device[:num_rows].copy_(tokens)
-                slot.logprobs_device[:num_rows].copy_(logprobs)
+            if bucket is None:
+                self._forward_and_sample(slot, previous, dev, inputs)
+            else:
+                mode = (
+                    SAMPLER_FILTERED if (inputs.needs_sort or inputs.needs_min_p) else SAMPLER_PLAIN
+                )
+                graph = self.graphs.get(
+                    (slot_index, bucket, mode),
+                    lambda: self._forward_and_sample(
+                        slot, previous, self._graph_views(slot, bucket), inputs, graph_mode=mode
+                    ),
+                )
+                graph.replay()
+            if timing is not None:
+                self.timing.end(timing)
             slot.compute_done.record()
         with streams.on(streams.copy_out):
             streams.wait(streams.copy_out, slot.compute_done)
@@ -123,9 +127,69 @@ class ModelRunner:
             slot.copy_out_done.record()
         return StepHandle(step_id, slot, num_rows)
 
+    def _forward_and_sample(
+        self,
+        slot: StepSlot,
+        previous: StepSlot,
+        dev: dict[str, torch.Tensor],
+        inputs: StepInputs,
+        graph_mode: str | None = None,
+    ) -> None:
+        """Carry-over, forward, sample; writes the slot's output buffers. Runs eagerly, or once
+        under capture with `graph_mode` set (then only device tensors and static flags are used)."""
+        carry_src = dev["carry_src"]
+        # Carry-over: placeholder positions take the previous step's sampled token.
+        input_ids = torch.where(
+            carry_src >= 0, previous.tokens_device[carry_src.clamp(min=0)], dev["input_ids"]
+        )
+        eager = graph_mode is None
+        meta = AttentionMetadata(
+            slot_mapping=dev["slot_mapping"],
+            block_tables=dev["block_tables"],
+            query_start_loc=dev["query_start_loc"],
+            seq_lens=dev["seq_lens"],
+            q_block_seq=dev["q_block_seq"],
+            q_block_start=dev["q_block_start"],
+            query_start_loc_host=inputs.query_start_loc.tolist() if eager else None,
+            seq_lens_host=inputs.seq_lens.tolist() if eager else None,
+            decode_only=inputs.decode_only,
+            max_model_len=self.config.max_model_len,
+        )
+        with forward_context(ForwardContext(meta, self.kv_caches, self.backend)):
+            logits = self.model(
+                input_ids=input_ids[None],
+                position_ids=dev["positions"][None],
+                use_cache=False,
+                logits_to_keep=dev["logits_indices"],
+            ).logits[0]  # [num_logits, vocab]
+        filtered = graph_mode == SAMPLER_FILTERED
+        params = SamplingTensors(
+            temperature=dev["temperature"],
+            top_k=dev["top_k"],
+            top_p=dev["top_p"],
+            min_p=dev["min_p"],
+            keys=dev["keys"],
+            needs_sort=inputs.needs_sort if eager else filtered,
+            needs_min_p=inputs.needs_min_p if eager else filtered,
+        )
+        num_rows = dev["row_logits"].shape[0]
+        if num_rows:
+            tokens, logprobs = self.sampler(logits[dev["row_logits"]], params)
+            slot.tokens_device[:num_rows].copy_(tokens)
+            slot.logprobs_device[:num_rows].copy_(logprobs)
+
+    def _graph_views(self, slot: StepSlot, bucket: int) -> dict[str, torch.Tensor]:
+        """Static views of the slot's device buffers for a padded decode step of `bucket` rows."""
+        views = {name: buf[:bucket] for name, buf in slot.device.items()}
+        views["query_start_loc"] = slot.device["query_start_loc"][: bucket + 1]
+        views["block_copies"] = slot.device["block_copies"][:0]
+        return views
+
     def wait(self, handle: StepHandle) -> tuple[np.ndarray, np.ndarray]:
         """Block until the step's outputs are on the host; returns (token ids, logprobs)."""
+        start = time.perf_counter()
         handle.slot.copy_out_done.synchronize()
+        self.host_wait_s += time.perf_counter() - start
         n = handle.num_rows
         return handle.slot.tokens_host[:n].numpy().copy(), handle.slot.logprobs_host[
             :n

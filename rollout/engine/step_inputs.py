@@ -9,6 +9,7 @@ import numpy as np
 from rollout.engine.sampler import row_keys
 from rollout.engine.scheduler import StepPlan
 from rollout.engine.sequence import PLACEHOLDER
+from rollout.kernels.tiling import EXTEND_BLOCK_M
 
 
 @dataclass
@@ -28,6 +29,8 @@ class StepInputs:
     min_p: np.ndarray  # [num_rows] float32
     keys: np.ndarray  # [num_rows] int64
     block_copies: np.ndarray  # [num_copies, 2] int64 (src, dst)
+    q_block_seq: np.ndarray  # [num_q_blocks] int32: the chunk each extend-kernel q-block belongs to
+    q_block_start: np.ndarray  # [num_q_blocks] int32: its first query row within the chunk
 
     @property
     def num_tokens(self) -> int:
@@ -40,6 +43,10 @@ class StepInputs:
     @property
     def num_rows(self) -> int:
         return len(self.row_logits)
+
+    @property
+    def decode_only(self) -> bool:
+        return self.num_tokens == self.num_seqs
 
     @property
     def needs_sort(self) -> bool:
@@ -88,6 +95,13 @@ def build_step_inputs(plan: StepPlan, block_size: int) -> StepInputs:
     logits_row_of_chunk = np.full(num_seqs, -1, dtype=np.int64)
     logits_row_of_chunk[sampling_chunks] = np.arange(len(sampling_chunks))
 
+    q_blocks = -(-lens // EXTEND_BLOCK_M)
+    q_block_seq = np.repeat(np.arange(num_seqs, dtype=np.int32), q_blocks)
+    first_block = np.cumsum(q_blocks) - q_blocks
+    q_block_start = (
+        (np.arange(len(q_block_seq)) - first_block[q_block_seq]) * EXTEND_BLOCK_M
+    ).astype(np.int32)
+
     rows = plan.rows
     num_rows = len(rows)
     row_logits = logits_row_of_chunk[[r.chunk_index for r in rows]].astype(np.int64)
@@ -113,4 +127,6 @@ def build_step_inputs(plan: StepPlan, block_size: int) -> StepInputs:
         min_p=np.array([p.min_p for p in params], dtype=np.float32),
         keys=row_keys(seeds, sample_idx, out_pos),
         block_copies=np.array(plan.block_copies, dtype=np.int64).reshape(-1, 2),
+        q_block_seq=q_block_seq,
+        q_block_start=q_block_start,
     )

@@ -31,6 +31,8 @@ _INPUT_FIELDS = {
     "min_p": (torch.float32, "seqs"),
     "keys": (torch.int64, "seqs"),
     "block_copies": (torch.int64, "seqs x 2"),
+    "q_block_seq": (torch.int32, "tokens"),
+    "q_block_start": (torch.int32, "tokens"),
 }
 
 

@@ -54,15 +54,56 @@ class TorchBackend:
         )
 
 
-_BACKENDS = {"torch": TorchBackend}
+class TritonBackend:
+    """Triton kernels (CUDA): split-KV decode for decode-only steps, the extend kernel otherwise."""
+
+    name = "triton"
+
+    def __init__(self) -> None:
+        from rollout.kernels import triton_paged_attention
+
+        self._kernels = triton_paged_attention
+
+    def write_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
+        self._kernels.write_kv(key, value, k_cache, v_cache, slot_mapping)
+
+    def attend(self, query, k_cache, v_cache, meta, scale) -> torch.Tensor:
+        if meta.decode_only:
+            return self._kernels.decode_attention(
+                query, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, meta.max_model_len
+            )
+        return self._kernels.extend_attention(
+            query,
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.query_start_loc,
+            meta.seq_lens,
+            meta.q_block_seq,
+            meta.q_block_start,
+            scale,
+        )
+
+
+_BACKENDS = {"torch": TorchBackend, "triton": TritonBackend}
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def resolve_attention_backend(name: str, device: torch.device) -> AttentionBackend:
     """ "auto" = Triton on CUDA when it is available, else the torch twin."""
     if name == "auto":
-        name = "triton" if device.type == "cuda" and "triton" in _BACKENDS else "torch"
+        name = "triton" if device.type == "cuda" and _triton_available() else "torch"
     if name == "triton" and device.type != "cuda":
         raise ValueError("attention='triton' needs a CUDA device; use attention='torch' or 'auto'")
+    if name == "triton" and not _triton_available():
+        raise ValueError("attention='triton' needs the triton package; use attention='torch'")
     if name not in _BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; available: {sorted(_BACKENDS)}")
     return _BACKENDS[name]()

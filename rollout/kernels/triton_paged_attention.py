@@ -1,0 +1,272 @@
+"""Paged attention in Triton: KV write, split-KV decode (+ merge), and prefill/extend.
+
+Same signatures and semantics as the PyTorch twins in torch_paged_attention.py (the oracle):
+cache [num_blocks, block_size, num_kv_heads, head_dim]; sequence s owns query rows
+[query_start_loc[s], query_start_loc[s+1]) which are the last tokens of its seq_lens[s] context.
+
+Decode (one query per sequence) splits each context into fixed-length pieces processed by
+separate programs, all query heads of one KV head together (each K/V byte is read once), then
+merges the pieces by their log-sum-exp. The grid depends only on the batch size and the static
+maximum context, so the launch can sit inside a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rollout.kernels.tiling import EXTEND_BLOCK_M
+
+DECODE_SPLIT_LEN = 256  # tokens of context per decode program
+DECODE_BLOCK_N = 64  # tokens per inner iteration
+EXTEND_BLOCK_N = 64
+
+
+def _dot_precision(query: torch.Tensor) -> str:
+    # fp32 models (tests, exactness) get full-precision dots; bf16/fp16 ignore the setting.
+    return "ieee" if query.dtype == torch.float32 else "tf32"
+
+
+@triton.jit
+def _write_kv_kernel(
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh, stride_cslot, stride_chead,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    slot = tl.load(slot_ptr + t)
+    if slot >= 0:
+        d = tl.arange(0, BLOCK_D)
+        mask = d < HEAD_DIM
+        k = tl.load(key_ptr + t * stride_kt + h * stride_kh + d, mask=mask)
+        v = tl.load(value_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
+        dst = slot * stride_cslot + h * stride_chead + d
+        tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
+    num_tokens, num_kv_heads, head_dim = key.shape
+    if num_tokens == 0:
+        return
+    _write_kv_kernel[(num_tokens, num_kv_heads)](
+        key, value, k_cache, v_cache, slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        k_cache.stride(1), k_cache.stride(2),
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+    )  # fmt: skip
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, part_out_ptr, part_lse_ptr,
+    scale, stride_qt, stride_qh, stride_cblock, stride_cslot, stride_chead, stride_bt,
+    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT_LEN: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    s = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + s)
+    g = tl.arange(0, GROUP_PAD)
+    heads = kv_head * GROUP + g
+    head_mask = g < GROUP
+    lse_ptrs = part_lse_ptr + (s * NUM_HEADS + heads) * NUM_SPLITS + split
+    start = split * SPLIT_LEN
+    if start >= seq_len:
+        tl.store(lse_ptrs, tl.full([GROUP_PAD], float("-inf"), tl.float32), mask=head_mask)
+        return
+    end = tl.minimum(start + SPLIT_LEN, seq_len)
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    q = tl.load(
+        q_ptr + s * stride_qt + heads[:, None] * stride_qh + d[None, :],
+        mask=head_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )  # [GROUP_PAD, BLOCK_D]
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    denom = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs < end
+        page = tl.load(block_tables_ptr + s * stride_bt + offs // PAGE, mask=n_mask, other=0)
+        row = (
+            page.to(tl.int64) * stride_cblock
+            + (offs % PAGE) * stride_cslot
+            + kv_head * stride_chead
+        )
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [GROUP_PAD, BLOCK_N]
+        qk = tl.where(n_mask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m, tl.max(qk, 1))
+        p = tl.exp(qk - m_new[:, None])
+        alpha = tl.exp(m - m_new)
+        denom = denom * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m = m_new
+    out_ptrs = (
+        part_out_ptr
+        + ((s * NUM_HEADS + heads[:, None]) * NUM_SPLITS + split) * HEAD_DIM
+        + d[None, :]
+    )
+    tl.store(out_ptrs, acc / denom[:, None], mask=head_mask[:, None] & d_mask[None, :])
+    tl.store(lse_ptrs, m + tl.log(denom), mask=head_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+):  # fmt: skip
+    s = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, BLOCK_D)
+    base = (s * NUM_HEADS + h) * NUM_SPLITS
+    lse = tl.load(part_lse_ptr + base + sp, mask=sp < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)  # empty (padded) rows: all weights 0
+    w = tl.exp(lse - m_safe)  # [SPLITS_PAD]
+    parts = tl.load(
+        part_out_ptr + (base + sp[:, None]) * HEAD_DIM + d[None, :],
+        mask=(sp[:, None] < NUM_SPLITS) & (w[:, None] > 0) & (d[None, :] < HEAD_DIM),
+        other=0.0,
+    )
+    total = tl.sum(w, 0)
+    out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(
+        out_ptr + s * stride_ot + h * stride_oh + d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=d < HEAD_DIM,
+    )
+
+
+def decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len_static):
+    """query [num_seqs, num_heads, head_dim] (one token per sequence) -> same shape."""
+    num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    num_splits = triton.cdiv(max_seq_len_static, DECODE_SPLIT_LEN)
+    part_out = torch.empty(
+        num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device
+    )
+    part_lse = torch.empty(
+        num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device
+    )
+    block_d = triton.next_power_of_2(head_dim)
+    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+        query, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse,
+        scale, query.stride(0), query.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        NUM_HEADS=num_heads, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE=k_cache.shape[1],
+        BLOCK_N=DECODE_BLOCK_N, SPLIT_LEN=DECODE_SPLIT_LEN, NUM_SPLITS=num_splits,
+        DOT_PRECISION=_dot_precision(query),
+        num_warps=4, num_stages=2,
+    )  # fmt: skip
+    out = torch.empty_like(query)
+    _decode_merge_kernel[(num_seqs, num_heads)](
+        part_out, part_lse, out, out.stride(0), out.stride(1),
+        NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits),
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _extend_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
+    q_block_seq_ptr, q_block_start_ptr, scale,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_cblock, stride_cslot, stride_chead, stride_bt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    qb = tl.program_id(0)
+    h = tl.program_id(1)
+    kv_head = h // GROUP
+    s = tl.load(q_block_seq_ptr + qb)
+    if s < 0:  # padding entry
+        return
+    m0 = tl.load(q_block_start_ptr + qb)
+    q_start = tl.load(query_start_loc_ptr + s)
+    q_len = tl.load(query_start_loc_ptr + s + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + s)
+    prefix = seq_len - q_len
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < q_len
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    q = tl.load(
+        q_ptr + (q_start + offs_m)[:, None] * stride_qt + h * stride_qh + d[None, :],
+        mask=m_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    q_pos = prefix + offs_m
+    kv_end = tl.minimum(seq_len, prefix + m0 + BLOCK_M)  # causal: nothing past the block's last row
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    denom = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for n0 in range(0, kv_end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < kv_end
+        page = tl.load(block_tables_ptr + s * stride_bt + offs_n // PAGE, mask=n_mask, other=0)
+        row = (
+            page.to(tl.int64) * stride_cblock
+            + (offs_n % PAGE) * stride_cslot
+            + kv_head * stride_chead
+        )
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N]
+        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m, tl.max(qk, 1))
+        p = tl.exp(qk - m_new[:, None])
+        alpha = tl.exp(m - m_new)
+        denom = denom * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m = m_new
+    out = acc / denom[:, None]
+    tl.store(
+        out_ptr + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=m_mask[:, None] & d_mask[None, :],
+    )
+
+
+def extend_attention(
+    query,
+    k_cache,
+    v_cache,
+    block_tables,
+    query_start_loc,
+    seq_lens,
+    q_block_seq,
+    q_block_start,
+    scale,
+):
+    """Packed queries of several sequences (any chunk start, decode rows too) -> same shape."""
+    num_tokens, num_heads, head_dim = query.shape
+    out = torch.empty_like(query)
+    if num_tokens == 0:
+        return out
+    _extend_kernel[(q_block_seq.shape[0], num_heads)](
+        query, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens,
+        q_block_seq, q_block_start, scale,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        GROUP=num_heads // k_cache.shape[2], HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
+        BLOCK_M=EXTEND_BLOCK_M, BLOCK_N=EXTEND_BLOCK_N, DOT_PRECISION=_dot_precision(query),
+        num_warps=4, num_stages=2,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,60 @@
+"""Random paged-attention cases shared by the kernel tests (CPU interpreter and GPU)."""
+
+from __future__ import annotations
+
+import torch
+
+from rollout.kernels.tiling import EXTEND_BLOCK_M
+
+
+def make_case(
+    seq_lens: list[int],
+    query_lens: list[int],
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: str,
+    seed: int = 0,
+    extra_blocks: int = 3,
+):
+    """Caches filled with random values, shuffled block tables, packed queries."""
+    g = torch.Generator().manual_seed(seed)
+    num_heads = num_kv_heads * group
+    pages = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(pages) + extra_blocks
+    perm = torch.randperm(num_blocks, generator=g)
+    max_pages = max(pages)
+    block_tables = torch.zeros(len(seq_lens), max_pages, dtype=torch.int32)
+    used = 0
+    for s, p in enumerate(pages):
+        block_tables[s, :p] = perm[used : used + p]
+        used += p
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=g).to(dtype)
+    v_cache = torch.randn(shape, generator=g).to(dtype)
+    num_tokens = sum(query_lens)
+    query = torch.randn(num_tokens, num_heads, head_dim, generator=g).to(dtype)
+    qsl = [0]
+    for q in query_lens:
+        qsl.append(qsl[-1] + q)
+    q_block_seq, q_block_start = [], []
+    for s, q in enumerate(query_lens):
+        for m0 in range(0, q, EXTEND_BLOCK_M):
+            q_block_seq.append(s)
+            q_block_start.append(m0)
+    to = dict(device=device)
+    return dict(
+        query=query.to(**to),
+        k_cache=k_cache.to(**to),
+        v_cache=v_cache.to(**to),
+        block_tables=block_tables.to(**to),
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        q_block_seq=torch.tensor(q_block_seq, dtype=torch.int32, device=device),
+        q_block_start=torch.tensor(q_block_start, dtype=torch.int32, device=device),
+        query_start_loc_host=qsl,
+        seq_lens_host=list(seq_lens),
+        scale=head_dim**-0.5,
+    )
