@@ -86,9 +86,15 @@ class Scheduler:
     def abort(self, request_id: str) -> list[Sequence]:
         """Finish every sequence of the request with reason "abort"; returns them."""
         hits = [s for s in (*self.running, *self.waiting) if s.request_id == request_id]
+        unforked = []
         for seq in hits:
+            # Samples not forked yet (the prompt is still being computed) end here too.
+            for j in range(1, seq.num_forks_pending + 1):
+                unforked.append(self._new_sample(seq, seq.sample_index + j, status=Status.FINISHED))
+                unforked[-1].finish_reason = "abort"
+            seq.num_forks_pending = 0
             self._finish(seq, "abort", keep=self._num_resolved(seq))
-        return hits
+        return hits + unforked
 
     # ---- one step -------------------------------------------------------------------------------
 
@@ -188,11 +194,16 @@ class Scheduler:
 
     def _fork(self, parent: Sequence, sample_index: int) -> Sequence:
         """A further sample of a group whose prompt was just computed: it shares the prompt's blocks."""
-        assert (
-            parent.num_output_tokens == 1 and parent.num_computed_tokens == parent.num_prompt_tokens
-        )
+        assert parent.num_output_tokens == 1 and parent.num_computed_tokens == parent.num_prompt_tokens
+        child = self._new_sample(parent, sample_index, status=Status.RUNNING)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.block_table = self.block_manager.share(parent.block_table)
+        _insort(self.running, child)
+        return child
+
+    def _new_sample(self, parent: Sequence, sample_index: int, status: Status) -> Sequence:
         self._next_seq_id += 1
-        child = Sequence(
+        return Sequence(
             seq_id=self._next_seq_id,
             request_id=parent.request_id,
             index=parent.index - parent.sample_index + sample_index,
@@ -201,12 +212,8 @@ class Scheduler:
             sample_index=sample_index,
             prompt_token_ids=parent.prompt_token_ids,
             arrival=parent.arrival,
-            num_computed_tokens=parent.num_computed_tokens,
-            block_table=self.block_manager.share(parent.block_table),
-            status=Status.RUNNING,
+            status=status,
         )
-        _insort(self.running, child)
-        return child
 
     def _make_room(self, seq: Sequence, num_new: int, in_step: set[int], plan: StepPlan) -> bool:
         """Preempt newer sequences until `seq` can take its blocks; False if `seq` itself went."""

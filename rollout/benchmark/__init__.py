@@ -1,0 +1,1 @@
+"""Benchmark workloads, the bandwidth roofline, and transformers' own continuous batching."""

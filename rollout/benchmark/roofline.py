@@ -1,0 +1,52 @@
+"""The memory-bandwidth floor of a decode workload.
+
+A decode step reads every weight once (the embedding table only by row) plus the KV cache of every
+running sequence, so its time is at least (weight bytes + KV bytes) / bandwidth. Summing over the
+steps of a workload whose B sequences all run P prompt + N new tokens gives the best possible
+tokens/s. The default bandwidth is the H200 device copy measured here (4.24 TB/s, read + write).
+"""
+
+from __future__ import annotations
+
+H200_COPY_BANDWIDTH = 4.24e12  # bytes/s
+
+
+def weight_bytes_per_step(model) -> int:
+    """Bytes of weights one decode step reads: all parameters but the input embedding table
+    (unless it is tied to the output head, which reads it whole)."""
+    embedding = model.get_input_embeddings().weight
+    total = 0
+    seen = set()
+    for p in model.parameters():
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size()
+    tied = model.get_output_embeddings() is not None and (
+        model.get_output_embeddings().weight.data_ptr() == embedding.data_ptr()
+    )
+    return total if tied else total - embedding.numel() * embedding.element_size()
+
+
+def kv_bytes_per_token(model_config, element_size: int) -> int:
+    text = (
+        model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    )
+    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    return 2 * text.num_hidden_layers * heads * head_dim * element_size
+
+
+def roofline_tokens_per_s(
+    weight_bytes: int,
+    kv_per_token: int,
+    num_seqs: int,
+    prompt_len: int,
+    new_tokens: int,
+    bandwidth: float = H200_COPY_BANDWIDTH,
+) -> float:
+    """Best tokens/s for num_seqs sequences decoding new_tokens each after prompt_len."""
+    # Step i reads the KV of num_seqs contexts of prompt_len + i tokens; sum in closed form.
+    kv_tokens = num_seqs * (new_tokens * prompt_len + new_tokens * (new_tokens - 1) / 2)
+    seconds = (new_tokens * weight_bytes + kv_tokens * kv_per_token) / bandwidth
+    return num_seqs * new_tokens / seconds

@@ -1,0 +1,81 @@
+"""Benchmark presets: a model shape (random weights built on the device) and a request mix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LLAMA3_8B = dict(
+    arch="llama",
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    rope_theta=500000.0,
+    tie_word_embeddings=False,
+)
+QWEN25_05B = dict(
+    arch="qwen2",
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    rope_theta=1000000.0,
+    tie_word_embeddings=True,
+)
+TINY = dict(
+    arch="llama",
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    model: dict
+    num_requests: int
+    prompt_len: int
+    new_tokens: int
+    device: str = "cuda"
+    dtype: str = "bfloat16"
+    engine: dict = field(default_factory=dict)  # EngineConfig overrides
+
+    @property
+    def max_model_len(self) -> int:
+        return self.prompt_len + self.new_tokens + 16
+
+
+WORKLOADS = {
+    "w1": Workload("w1", LLAMA3_8B, 32, 256, 2048),
+    "w1-8k": Workload("w1-8k", LLAMA3_8B, 32, 256, 8192),
+    "w3": Workload("w3", QWEN25_05B, 256, 256, 1024),
+    "long": Workload("long", LLAMA3_8B, 64, 512, 16384),
+    "smoke": Workload("smoke", TINY, 8, 16, 32, device="cpu", dtype="float32"),
+    "gpu-smoke": Workload("gpu-smoke", {**LLAMA3_8B, "num_hidden_layers": 2}, 16, 128, 256),
+}
+
+
+def build_model(shape: dict, dtype: str, device: str):
+    """A randomly initialised transformers model of the given shape, created on `device`."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    shape = dict(shape)
+    config_class = {"llama": LlamaConfig, "qwen2": Qwen2Config}[shape.pop("arch")]
+    config = config_class(
+        **shape, max_position_embeddings=32768, bos_token_id=None, eos_token_id=None
+    )
+    torch_dtype = getattr(torch, dtype)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    return model.eval()

@@ -1,0 +1,273 @@
+"""Rollout throughput benchmark: the engine's sync and overlap loops (and transformers) on one model.
+
+    python scripts/bench_rollout.py --smoke                          # tiny model on CPU, seconds
+    python scripts/bench_rollout.py --workload w1 --compare-transformers --json-out out/w1.json
+    python scripts/bench_rollout.py --workload w3 --modes overlap
+
+Workloads (random-init weights built on the device, EOS ignored, exactly N new tokens each):
+  w1     Llama-3-8B shape, 32 x (256 prompt + 2048 new)
+  w1-8k  the same with 8192 new tokens
+  w3     Qwen2.5-0.5B shape, 256 x (256 + 1024)
+  long   Llama-3-8B shape, 64 x (512 + 16384)
+  smoke  a tiny model on CPU
+
+Per run: tokens/s, ms/step, GPU-busy fraction (device time of each step's compute over wall time),
+host CPU time per step, the bandwidth roofline and the fraction reached, peak memory. Writes JSON
+(a top-level "runs" list) and a PNG (throughput per mode, step time over the run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
+    import torch
+
+    from rollout import EngineConfig, LLMEngine, SamplingParams
+    from rollout.benchmark.roofline import (
+        kv_bytes_per_token,
+        roofline_tokens_per_s,
+        weight_bytes_per_step,
+    )
+    from rollout.engine.device_timing import DeviceTiming
+
+    settings = dict(
+        device=workload.device,
+        dtype=workload.dtype,
+        max_model_len=workload.max_model_len,
+        max_num_seqs=max(workload.num_requests, 1),
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        overlap=overlap,
+        cuda_graphs=not args.no_cuda_graphs,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )
+    settings.update(workload.engine)
+    engine = LLMEngine.from_model(model, EngineConfig(**settings))
+    params = SamplingParams(
+        max_tokens=workload.new_tokens, temperature=args.temperature, ignore_eos=True, seed=0
+    )
+    # Warm-up: compiles kernels and captures the decode graphs of this batch size.
+    engine.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True, seed=1))
+    cuda = engine.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    engine.runner.timing = DeviceTiming(engine.device)
+    engine.runner.host_wait_s = 0.0
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, params, request_id=f"r{i}", first_index=i)
+    step_ends, tokens = [], 0
+    start = time.perf_counter()
+    while engine.has_unfinished():
+        for completion in engine.step():
+            tokens += len(completion.token_ids)
+        step_ends.append(time.perf_counter() - start)
+        if args.deadline_s and step_ends[-1] > args.deadline_s:
+            break
+    if cuda:
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    if args.deadline_s and wall > args.deadline_s and engine.has_unfinished():
+        tokens = sum(s.num_output_tokens for s in engine.scheduler.running)  # all still running
+    device_s = engine.runner.timing.total_s()
+    steps = len(step_ends)
+    weights = weight_bytes_per_step(model)
+    roofline = roofline_tokens_per_s(
+        weights,
+        kv_bytes_per_token(model.config, engine.runner.kv_caches[0][0].element_size()),
+        workload.num_requests,
+        workload.prompt_len,
+        workload.new_tokens,
+    )
+    tokens_per_s = tokens / wall
+    step_ms = [1e3 * (b - a) for a, b in zip([0.0, *step_ends[:-1]], step_ends, strict=True)]
+    result = {
+        "mode": "overlap" if overlap else "sync",
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens_per_s,
+        "steps": steps,
+        "ms_per_step": 1e3 * wall / steps,
+        "gpu_busy": device_s / wall if cuda else None,
+        "cpu_ms_per_step": 1e3 * (wall - engine.runner.host_wait_s) / steps,
+        "roofline_tokens_per_s": roofline if cuda else None,
+        "roofline_fraction": tokens_per_s / roofline if cuda else None,
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        "num_kv_blocks": engine.num_kv_blocks,
+        "preemptions": engine.scheduler.num_preemptions,
+        "cuda_graphs": len(engine.runner.graphs) if engine.runner.graphs is not None else 0,
+        "truncated_at_deadline": bool(args.deadline_s and engine.has_unfinished()),
+        "step_ms": step_ms,
+    }
+    del engine
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return result
+
+
+def plot(runs: list[dict], title: str, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    fig, (bars, lines) = plt.subplots(1, 2, figsize=(12, 4.5))
+    names = [r["mode"] for r in runs]
+    bars.bar(names, [r["tokens_per_s"] for r in runs], color="tab:blue")
+    roof = next((r["roofline_tokens_per_s"] for r in runs if r.get("roofline_tokens_per_s")), None)
+    if roof:
+        bars.axhline(roof, color="tab:red", linestyle="--", label=f"roofline {roof:,.0f}")
+        bars.legend()
+    bars.set_ylabel("generated tokens/s")
+    bars.set_title(title)
+    for r in runs:
+        if r.get("step_ms"):
+            lines.plot(r["step_ms"], label=r["mode"], linewidth=0.7)
+    lines.set_xlabel("step")
+    lines.set_ylabel("ms per step (host clock)")
+    lines.set_yscale("log")
+    lines.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--workload", default="w1", help="w1, w1-8k, w3, long, smoke, gpu-smoke")
+    parser.add_argument("--smoke", action="store_true", help="same as --workload smoke")
+    parser.add_argument("--modes", default="sync,overlap")
+    parser.add_argument("--compare-transformers", action="store_true")
+    parser.add_argument("--transformers-modes", default="async,sync")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--no-cuda-graphs", action="store_true")
+    parser.add_argument("--deadline-s", type=float, default=0.0, help="stop each run after this")
+    parser.add_argument("--json-out", default="")
+    parser.add_argument("--plot-out", default="", help="PNG path (default: next to --json-out)")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from rollout.benchmark.workloads import WORKLOADS, build_model
+
+    name = "smoke" if args.smoke else args.workload
+    if name not in WORKLOADS:
+        raise SystemExit(f"unknown workload {name!r}; choose from {sorted(WORKLOADS)}")
+    workload = WORKLOADS[name]
+    if workload.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"workload {name} needs a CUDA device; try --smoke on CPU")
+    torch.manual_seed(0)
+    model = build_model(workload.model, workload.dtype, workload.device)
+    g = torch.Generator().manual_seed(0)
+    vocab = min(16000, workload.model["vocab_size"])
+    prompts = [
+        torch.randint(0, vocab, (workload.prompt_len,), generator=g).tolist()
+        for _ in range(workload.num_requests)
+    ]
+    runs = []
+    for mode in [m for m in args.modes.split(",") if m]:
+        print(f"[bench] {name}: engine {mode} ...", flush=True)
+        runs.append(run_engine(model, workload, mode == "overlap", prompts, args))
+        _print_run(runs[-1])
+    if args.compare_transformers:
+        from rollout.benchmark.transformers_baseline import run_transformers_cb
+
+        for mode in [m for m in args.transformers_modes.split(",") if m]:
+            print(f"[bench] {name}: transformers {mode} ...", flush=True)
+            try:
+                runs.append(
+                    run_transformers_cb(
+                        model, prompts, workload.new_tokens, mode == "async", args.deadline_s
+                    )
+                )
+                _print_run(runs[-1])
+            except Exception as err:  # noqa: BLE001 - the baseline must not sink our numbers
+                runs.append(
+                    {"mode": f"transformers-{mode}", "error": f"{type(err).__name__}: {err}"}
+                )
+                print(f"[bench] transformers {mode} failed: {err}", flush=True)
+    report = {
+        "workload": name,
+        "shape": workload.model,
+        "num_requests": workload.num_requests,
+        "prompt_len": workload.prompt_len,
+        "new_tokens": workload.new_tokens,
+        "device": torch.cuda.get_device_name() if workload.device == "cuda" else "cpu",
+        "date": datetime.date.today().isoformat(),
+        "commit": _commit(),
+        "torch": torch.__version__,
+        "command": " ".join(sys.argv),
+        "runs": runs,
+    }
+    _print_table(report)
+    if args.json_out:
+        out = Path(args.json_out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1))
+        plot_path = Path(args.plot_out) if args.plot_out else out.with_suffix(".png")
+        plot([r for r in runs if "tokens_per_s" in r], f"{name} on {report['device']}", plot_path)
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("ROLLOUT_COMMIT", "unknown")
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _print_run(r: dict) -> None:
+    print(
+        f"[bench]   {r['mode']}: {_fmt(r.get('tokens_per_s'), ',.0f')} tok/s, "
+        f"{_fmt(r.get('ms_per_step'), '.2f')} ms/step, busy {_fmt(r.get('gpu_busy'), '.1%')}, "
+        f"cpu {_fmt(r.get('cpu_ms_per_step'), '.2f')} ms/step",
+        flush=True,
+    )
+
+
+def _print_table(report: dict) -> None:
+    print(
+        f"\n{report['workload']} on {report['device']} (commit {report['commit']}, {report['date']})"
+    )
+    print(
+        "| mode | tok/s | ms/step | GPU busy | CPU ms/step | roofline tok/s | of roofline | peak GiB |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in report["runs"]:
+        if "error" in r:
+            print(f"| {r['mode']} | error: {r['error'][:60]} |")
+            continue
+        print(
+            f"| {r['mode']} | {_fmt(r['tokens_per_s'], ',.0f')} | {_fmt(r.get('ms_per_step'), '.2f')} "
+            f"| {_fmt(r.get('gpu_busy'), '.1%')} | {_fmt(r.get('cpu_ms_per_step'), '.2f')} "
+            f"| {_fmt(r.get('roofline_tokens_per_s'), ',.0f')} | {_fmt(r.get('roofline_fraction'), '.1%')} "
+            f"| {_fmt(r.get('peak_memory_gib'), '.1f')} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
