@@ -56,7 +56,7 @@ class EngineConfig:
             )
         if self.cpu_kv_cache_gib <= 0:
             raise ValueError(f"cpu_kv_cache_gib must be > 0; got {self.cpu_kv_cache_gib}")
-        if not isinstance(self.seed, int):
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed must be an int; got {self.seed!r}")
 
     @classmethod

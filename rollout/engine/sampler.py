@@ -43,9 +43,9 @@ def row_keys(
 ) -> np.ndarray:
     """One 32-bit key per sampled token from (seed, sample index, output position), as int64."""
     seeds = seeds.astype(np.uint64)
-    key = _mix32_host(seeds & np.uint64(_M32)) ^ _mix32_host(
-        (seeds >> np.uint64(32)) + np.uint64(1)
-    )
+    # Chained, not symmetric: the low and high halves of a seed cannot trade places.
+    key = _mix32_host(seeds & np.uint64(_M32))
+    key = _mix32_host(((key + np.uint64(0x632BE5AB)) & np.uint64(_M32)) ^ (seeds >> np.uint64(32)))
     key = _mix32_host(key ^ _mix32_host(sample_indices.astype(np.uint64) + np.uint64(0x9E37)))
     key = _mix32_host(key ^ _mix32_host(output_positions.astype(np.uint64) + np.uint64(0x85EB)))
     return key.astype(np.int64)
@@ -88,8 +88,8 @@ class Sampler:
 
     def _gumbel(self, keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
         bits = _mix32(keys[:, None] ^ self.vocab_hash[None, :vocab_size])  # [rows, vocab]
-        # 24 random bits -> u strictly inside (0, 1), exact in fp32.
-        u = ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+        # 23 random bits -> u in [2^-24, 1 - 2^-24]: exact in fp32, never 0 or 1 (finite noise).
+        u = ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
         return -torch.log(-torch.log(u))
 
     @staticmethod
@@ -112,7 +112,7 @@ class Sampler:
             mass_before = (
                 torch.cumsum(probs, dim=-1) - probs
             )  # probability of strictly better tokens
-            drop |= mass_before >= params.top_p[:, None]
+            drop |= (mass_before >= params.top_p[:, None]) & (params.top_p[:, None] < 1)
             drop[:, 0] = False
             sorted_logits = torch.where(drop, neg_inf, sorted_logits)
             scaled = torch.empty_like(scaled).scatter_(1, order, sorted_logits)

@@ -34,7 +34,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         _require(
-            isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+            _is_int(self.max_tokens) and self.max_tokens >= 1,
             "max_tokens",
             "must be an int >= 1",
             self.max_tokens,
@@ -49,7 +49,7 @@ class SamplingParams:
             _is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]", self.top_p
         )
         _require(
-            isinstance(self.top_k, int) and self.top_k >= 0,
+            _is_int(self.top_k) and self.top_k >= 0,
             "top_k",
             "must be an int >= 0 (0 = off)",
             self.top_k,
@@ -60,16 +60,16 @@ class SamplingParams:
             "must be in [0, 1]",
             self.min_p,
         )
-        _require(isinstance(self.n, int) and self.n >= 1, "n", "must be an int >= 1", self.n)
+        _require(_is_int(self.n) and self.n >= 1, "n", "must be an int >= 1", self.n)
         _require(
-            self.seed is None or (isinstance(self.seed, int) and self.seed >= 0),
+            self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63),
             "seed",
-            "must be None or an int >= 0",
+            "must be None or an int in [0, 2**63)",
             self.seed,
         )
         stop = tuple(self.stop_token_ids)
         _require(
-            all(isinstance(t, int) and t >= 0 for t in stop),
+            all(_is_int(t) and t >= 0 for t in stop),
             "stop_token_ids",
             "must hold ints >= 0",
             self.stop_token_ids,
@@ -79,6 +79,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value: object) -> bool:

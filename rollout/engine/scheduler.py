@@ -194,7 +194,9 @@ class Scheduler:
 
     def _fork(self, parent: Sequence, sample_index: int) -> Sequence:
         """A further sample of a group whose prompt was just computed: it shares the prompt's blocks."""
-        assert parent.num_output_tokens == 1 and parent.num_computed_tokens == parent.num_prompt_tokens
+        assert (
+            parent.num_output_tokens == 1 and parent.num_computed_tokens == parent.num_prompt_tokens
+        )
         child = self._new_sample(parent, sample_index, status=Status.RUNNING)
         child.num_computed_tokens = parent.num_computed_tokens
         child.block_table = self.block_manager.share(parent.block_table)

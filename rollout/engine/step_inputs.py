@@ -87,7 +87,9 @@ def build_step_inputs(plan: StepPlan, block_size: int) -> StepInputs:
     carry_rows = np.fromiter((c.carry_row for c in chunks), dtype=np.int64, count=num_seqs)
     carried = carry_rows >= 0
     carry_src[last_token[carried]] = carry_rows[carried]
-    assert np.all(input_ids[carry_src < 0] != PLACEHOLDER), "placeholder without a carry-over source"
+    assert np.all(input_ids[carry_src < 0] != PLACEHOLDER), (
+        "placeholder without a carry-over source"
+    )
     input_ids[carry_src >= 0] = 0  # filled on the device
 
     sampling_chunks = [s for s, c in enumerate(chunks) if c.num_samples > 0]
