@@ -1,8 +1,11 @@
 """Our paged attention, plugged into transformers' own model classes by name.
 
 Registering through `AttentionInterface` keeps the model code untouched (the trainer runs the very
-same modules, so weights sync by name and logprobs agree). The matching mask function returns None:
-the paged kernels mask by sequence lengths, no dense mask is ever built.
+same modules, so weights sync by name and logprobs agree). No mask function is registered on
+purpose: for an attention name that the mask registry does not know, transformers builds no mask
+at all and skips its packed-sequence detection (which would read a device value on the host every
+forward, a sync that defeats the overlap loop and breaks CUDA-graph capture). The paged kernels
+mask by sequence lengths.
 """
 
 from __future__ import annotations
@@ -37,15 +40,11 @@ def paged_attention_forward(
     return out.unsqueeze(0), None  # [1, num_tokens, num_heads, head_dim]
 
 
-def _no_mask(*args, **kwargs) -> None:
-    return None
-
-
 def register_paged_attention() -> str:
     """Register (idempotently) with transformers; returns the attn_implementation name to set."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     AttentionInterface.register(ATTENTION_NAME, paged_attention_forward)
-    AttentionMaskInterface.register(ATTENTION_NAME, _no_mask)
+    assert ATTENTION_NAME not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping, "see module docstring"
     return ATTENTION_NAME

@@ -33,10 +33,13 @@ def graph_eligible(inputs: StepInputs) -> bool:
     return inputs.decode_only and len(inputs.logits_indices) == n and inputs.num_rows == n
 
 
-def pad_decode_inputs(inputs: StepInputs, bucket: int) -> StepInputs:
-    """The same step padded to `bucket` rows with rows that change nothing."""
+def pad_decode_inputs(inputs: StepInputs, bucket: int, max_blocks_per_seq: int) -> StepInputs:
+    """The same step padded to `bucket` rows with rows that change nothing, block tables padded
+    to their static width (the graph reads a fixed [bucket, max_blocks_per_seq] view)."""
     n = inputs.num_seqs
     pad = bucket - n
+    block_tables = np.zeros((bucket, max_blocks_per_seq), dtype=np.int32)
+    block_tables[:n, : inputs.block_tables.shape[1]] = inputs.block_tables
 
     def extend(array: np.ndarray, value) -> np.ndarray:
         return np.concatenate([array, np.full(pad, value, dtype=array.dtype)])
@@ -49,7 +52,7 @@ def pad_decode_inputs(inputs: StepInputs, bucket: int) -> StepInputs:
         carry_src=extend(inputs.carry_src, -1),
         query_start_loc=np.arange(bucket + 1, dtype=np.int32),
         seq_lens=extend(inputs.seq_lens, 0),
-        block_tables=inputs.block_tables,
+        block_tables=block_tables,
         logits_indices=arange,
         row_logits=arange,
         temperature=extend(inputs.temperature, 0.0),

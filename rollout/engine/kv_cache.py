@@ -42,10 +42,13 @@ def decide_num_blocks(
     vocab_size: int,
 ) -> int:
     """Explicit num_kv_blocks, or what fits: the GPU's memory share minus what is in use and an
-    activation reserve; on CPU, max_num_seqs full-length sequences capped by cpu_kv_cache_gib."""
+    activation reserve (CUDA) or cpu_kv_cache_gib (CPU), capped at max_num_seqs full-length
+    sequences."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     per_block = shape.bytes_per_block(config.block_size, dtype)
+    # More than max_num_seqs full-length sequences can never be used.
+    useful = config.max_num_seqs * -(-config.max_model_len // config.block_size)
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         in_use = total - free
@@ -58,10 +61,9 @@ def decide_num_blocks(
                 f"no GPU memory left for the KV cache (budget {budget / _GIB:.1f} GiB); raise "
                 "gpu_memory_utilization, lower max_num_seqs, or set num_kv_blocks"
             )
-        return int(num_blocks)
-    wanted = config.max_num_seqs * -(-config.max_model_len // config.block_size)
+        return int(min(num_blocks, useful))
     cap = int(config.cpu_kv_cache_gib * _GIB) // per_block
-    return max(1, min(wanted, cap))
+    return max(1, min(useful, cap))
 
 
 def allocate_kv_caches(

@@ -94,7 +94,7 @@ class ModelRunner:
         if self.graphs is not None and graph_eligible(inputs):
             bucket = self.graphs.bucket_for(inputs.num_seqs)
             if bucket is not None:
-                inputs = pad_decode_inputs(inputs, bucket)
+                inputs = pad_decode_inputs(inputs, bucket, slot.max_blocks_per_seq)
         shapes = slot.fill_host(inputs)
         streams = self.streams
         with streams.on(streams.copy_in):
@@ -179,11 +179,13 @@ class ModelRunner:
             slot.logprobs_device[:num_rows].copy_(logprobs)
 
     def _graph_views(self, slot: StepSlot, bucket: int) -> dict[str, torch.Tensor]:
-        """Static views of the slot's device buffers for a padded decode step of `bucket` rows."""
-        views = {name: buf[:bucket] for name, buf in slot.device.items()}
-        views["query_start_loc"] = slot.device["query_start_loc"][: bucket + 1]
-        views["block_copies"] = slot.device["block_copies"][:0]
-        return views
+        """Static views of the slot's device buffers for a padded decode step of `bucket` rows
+        (the same memory that copy_to_device fills for such a step)."""
+        shapes = {name: (bucket,) for name in slot.device}
+        shapes["query_start_loc"] = (bucket + 1,)
+        shapes["block_tables"] = (bucket, slot.max_blocks_per_seq)
+        shapes["block_copies"] = (0, 2)
+        return {name: slot.device_view(name, shape) for name, shape in shapes.items()}
 
     def wait(self, handle: StepHandle) -> tuple[np.ndarray, np.ndarray]:
         """Block until the step's outputs are on the host; returns (token ids, logprobs)."""

@@ -97,11 +97,11 @@ class Sampler:
         scaled: torch.Tensor, logprobs: torch.Tensor, params: SamplingTensors
     ) -> torch.Tensor:
         """Set tokens outside top-k / top-p / min-p to -inf (the most likely token always stays)."""
-        neg_inf = torch.tensor(float("-inf"), device=scaled.device)
         if params.needs_min_p:
             max_logprob = logprobs.max(dim=-1, keepdim=True).values
             floor = max_logprob + torch.log(params.min_p.clamp(min=1e-30))[:, None]
-            scaled = torch.where(logprobs < floor, neg_inf, scaled)
+            drop = (logprobs < floor) & (params.min_p[:, None] > 0)
+            scaled = scaled.masked_fill(drop, float("-inf"))
         if params.needs_sort:
             sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
             vocab = scaled.shape[1]
@@ -114,6 +114,6 @@ class Sampler:
             )  # probability of strictly better tokens
             drop |= (mass_before >= params.top_p[:, None]) & (params.top_p[:, None] < 1)
             drop[:, 0] = False
-            sorted_logits = torch.where(drop, neg_inf, sorted_logits)
+            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
             scaled = torch.empty_like(scaled).scatter_(1, order, sorted_logits)
         return scaled

@@ -14,7 +14,10 @@ import torch
 from rollout.engine.step_inputs import StepInputs
 from rollout.engine.streams import StepStreams
 
-# name -> (dtype, which maximum sizes the buffer), for every StepInputs array that goes to the device.
+# name -> (dtype, which maximum bounds the buffer's element count), for every StepInputs array that
+# goes to the device. Buffers are flat: a step's array is the contiguous prefix, viewed in its shape,
+# so each copy is one contiguous transfer (a strided copy from pinned memory would be staged
+# through pageable memory and block the host).
 _INPUT_FIELDS = {
     "input_ids": (torch.int64, "tokens"),
     "positions": (torch.int64, "tokens"),
@@ -46,12 +49,13 @@ class StepSlot:
         max_blocks_per_seq: int,
     ) -> None:
         pin = device.type == "cuda"
+        self.max_blocks_per_seq = max_blocks_per_seq
         sizes = {
-            "tokens": (max_tokens,),
-            "seqs": (max_seqs,),
-            "seqs+1": (max_seqs + 1,),
-            "seqs x blocks": (max_seqs, max_blocks_per_seq),
-            "seqs x 2": (max_seqs, 2),
+            "tokens": max_tokens,
+            "seqs": max_seqs,
+            "seqs+1": max_seqs + 1,
+            "seqs x blocks": max_seqs * max_blocks_per_seq,
+            "seqs x 2": max_seqs * 2,
         }
         self.host: dict[str, torch.Tensor] = {}
         self.device: dict[str, torch.Tensor] = {}
@@ -65,15 +69,13 @@ class StepSlot:
         self.copy_in_done = streams.new_event()
         self.compute_done = streams.new_event()
         self.copy_out_done = streams.new_event()
-        self.num_rows = 0
 
     def fill_host(self, inputs: StepInputs) -> dict[str, tuple[int, ...]]:
         """Write the step's arrays into the pinned host buffers; returns each array's shape."""
         shapes = {}
         for name in _INPUT_FIELDS:
             array: np.ndarray = getattr(inputs, name)
-            index = tuple(slice(0, n) for n in array.shape)
-            self.host[name].numpy()[index] = array
+            self.host[name].numpy()[: array.size] = array.reshape(-1)
             shapes[name] = array.shape
         return shapes
 
@@ -81,8 +83,11 @@ class StepSlot:
         """Enqueue the host-to-device copies on the current stream; returns device views."""
         views = {}
         for name, shape in shapes.items():
-            index = tuple(slice(0, n) for n in shape)
-            view = self.device[name][index]
-            view.copy_(self.host[name][index], non_blocking=True)
-            views[name] = view
+            count = int(np.prod(shape))
+            self.device[name][:count].copy_(self.host[name][:count], non_blocking=True)
+            views[name] = self.device_view(name, shape)
         return views
+
+    def device_view(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """The device buffer's contiguous prefix in `shape` (the same memory every step)."""
+        return self.device[name][: int(np.prod(shape))].view(shape)

@@ -1,0 +1,87 @@
+"""Decode attention kernel alone: effective bandwidth of the Triton split-KV kernel on the GPU.
+
+    python scripts/bench_attention.py                   # 64 sequences x 4096 context, Llama-3-8B heads
+    python scripts/bench_attention.py --seqs 32 --context 8192
+
+Effective bandwidth = bytes of K and V read (each once) / kernel time (median of do_bench), next
+to torch SDPA on the same KV stored contiguously (no paging) and a plain device copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seqs", type=int, default=64)
+    parser.add_argument("--context", type=int, default=4096)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--json-out", default="")
+    args = parser.parse_args()
+
+    import torch
+    import triton.testing
+
+    from rollout.kernels import triton_paged_attention as kernels
+
+    torch.manual_seed(0)
+    s, n, hkv, d, bs = args.seqs, args.context, args.kv_heads, args.head_dim, args.block_size
+    pages = n // bs
+    num_blocks = s * pages
+    dtype = torch.bfloat16
+    k_cache = torch.randn(num_blocks, bs, hkv, d, device="cuda", dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    block_tables = torch.randperm(num_blocks, device="cuda").view(s, pages).int()
+    seq_lens = torch.full((s,), n, device="cuda", dtype=torch.int32)
+    query = torch.randn(s, args.heads, d, device="cuda", dtype=dtype)
+    kv_bytes = 2 * s * n * hkv * d * k_cache.element_size()
+
+    def paged():
+        kernels.decode_attention(query, k_cache, v_cache, block_tables, seq_lens, d**-0.5, n)
+
+    k_dense = torch.randn(s, hkv, n, d, device="cuda", dtype=dtype)
+    v_dense = torch.randn_like(k_dense)
+    q_dense = query.view(s, args.heads, 1, d)
+
+    def sdpa():
+        torch.nn.functional.scaled_dot_product_attention(q_dense, k_dense, v_dense, enable_gqa=True)
+
+    src = torch.empty(kv_bytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+
+    def copy():
+        dst.copy_(src)
+
+    results = {}
+    for name, fn, nbytes in (
+        ("triton paged decode", paged, kv_bytes),
+        ("torch SDPA, contiguous KV", sdpa, kv_bytes),
+        ("device copy (read + write)", copy, 2 * src.numel()),
+    ):
+        ms = triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
+        results[name] = {"ms": ms, "tb_per_s": nbytes / ms / 1e9}
+    print(
+        f"decode attention, {s} seqs x {n} context, {args.heads}/{hkv} heads x {d}, bf16, "
+        f"{kv_bytes / 1e9:.2f} GB of KV"
+    )
+    for name, r in results.items():
+        print(f"  {name:30s} {r['ms']:.3f} ms  {r['tb_per_s']:.2f} TB/s")
+    if args.json_out:
+        Path(args.json_out).write_text(
+            json.dumps({"args": vars(args), "results": results}, indent=1)
+        )
+
+
+if __name__ == "__main__":
+    main()

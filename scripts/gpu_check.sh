@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: GPU tests, the attention kernel, and the rollout benchmarks.
+#   bash scripts/gpu_check.sh [workloads...]        (default: gpu-smoke w1 w3)
+# Logs and JSON go to $OUT (or ./gpu_out). Each part has its own time limit so one hang
+# cannot eat the others' time.
+set -o pipefail
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/device.txt"
+python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
+timeout ${PYTEST_TIMEOUT:-240} python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
+timeout 120 python3 scripts/bench_attention.py --json-out "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log"
+workloads=("$@")
+[ ${#workloads[@]} -eq 0 ] && workloads=(gpu-smoke w1 w3)
+for w in "${workloads[@]}"; do
+  timeout ${BENCH_TIMEOUT:-300} python3 scripts/bench_rollout.py --workload "$w" ${BENCH_ARGS:-} \
+    --json-out "$OUT/bench_$w.json" 2>&1 | tee "$OUT/bench_$w.log" | grep -v "^\[bench\]   \|it/s"
+done
