@@ -11,6 +11,7 @@ mask by sequence lengths.
 from __future__ import annotations
 
 import torch
+import torch._dynamo
 
 from rollout.engine.forward_context import get_forward_context
 
@@ -45,6 +46,9 @@ def register_paged_attention() -> str:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
-    AttentionInterface.register(ATTENTION_NAME, paged_attention_forward)
-    assert ATTENTION_NAME not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping, "see module docstring"
+    # Opaque to torch.compile: dynamo runs it eagerly between compiled pieces (compilation.py).
+    AttentionInterface.register(ATTENTION_NAME, torch._dynamo.disable(paged_attention_forward))
+    assert ATTENTION_NAME not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping, (
+        "see module docstring"
+    )
     return ATTENTION_NAME

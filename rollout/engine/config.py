@@ -35,6 +35,9 @@ class EngineConfig:
     """Overlap loop (CPU prepares step N+1 while the device runs step N); False = the sync loop."""
     cuda_graphs: bool = True
     """Capture decode steps in CUDA graphs (CUDA only; ignored on CPU)."""
+    compile_model: bool = True
+    """Fuse the decoder layers' small ops (norms, rotary, activation, residuals) with
+    torch.compile (CUDA only; our attention stays outside the compiled code). Adds startup time."""
     attention: str = "auto"
     """Paged attention backend: "triton" on CUDA, "torch" (the reference twin) elsewhere."""
     seed: int = 0

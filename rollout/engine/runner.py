@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from rollout.engine.attention import register_paged_attention
+from rollout.engine.compilation import compile_decoder_layers
 from rollout.engine.config import EngineConfig
 from rollout.engine.cuda_graph import (
     SAMPLER_FILTERED,
@@ -59,7 +60,7 @@ class ModelRunner:
             self.shape, num_kv_blocks, config.block_size, dtype, device
         )
         self.backend = resolve_attention_backend(config.attention, device)
-        self.sampler = Sampler(vocab_size, device)
+        self.sampler = Sampler(vocab_size, device, use_triton=self.backend.name == "triton")
         self.streams = StepStreams(device)
         max_blocks_per_seq = -(-config.max_model_len // config.block_size)
         self.slots = [
@@ -79,6 +80,8 @@ class ModelRunner:
         self.timing: DeviceTiming | None = None  # set by benchmarks: device time of each step
         self.host_wait_s = 0.0  # host time blocked in wait(): the rest of a step is CPU work
         name = register_paged_attention()
+        if config.compile_model and device.type == "cuda":
+            compile_decoder_layers(model)
         if hasattr(model, "set_attn_implementation"):
             model.set_attn_implementation(name)
         else:  # older transformers
@@ -174,9 +177,13 @@ class ModelRunner:
         )
         num_rows = dev["row_logits"].shape[0]
         if num_rows:
-            tokens, logprobs = self.sampler(logits[dev["row_logits"]], params)
-            slot.tokens_device[:num_rows].copy_(tokens)
-            slot.logprobs_device[:num_rows].copy_(logprobs)
+            self.sampler.sample_into(
+                logits,
+                dev["row_logits"],
+                params,
+                slot.tokens_device[:num_rows],
+                slot.logprobs_device[:num_rows],
+            )
 
     def _graph_views(self, slot: StepSlot, bucket: int) -> dict[str, torch.Tensor]:
         """Static views of the slot's device buffers for a padded decode step of `bucket` rows

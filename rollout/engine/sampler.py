@@ -65,11 +65,33 @@ class SamplingTensors:
 
 
 class Sampler:
-    def __init__(self, vocab_size: int, device: torch.device) -> None:
+    def __init__(self, vocab_size: int, device: torch.device, use_triton: bool = False) -> None:
         # Hash of each vocabulary index, mixed with the row key per step.
         self.vocab_hash = _mix32(
             torch.arange(vocab_size, dtype=torch.int64, device=device) + 0x3C6E
         )
+        self.use_triton = use_triton
+
+    def sample_into(
+        self,
+        logits: torch.Tensor,  # [num_logits, vocab]
+        row_logits: torch.Tensor,  # [rows] int64
+        params: SamplingTensors,
+        tokens_out: torch.Tensor,  # [rows] int64
+        logprobs_out: torch.Tensor,  # [rows] float32
+    ) -> None:
+        """Sample every row into the output buffers. Rows without filters go through the one-pass
+        Triton kernel on CUDA; filtered batches use the torch path below (the twin)."""
+        if self.use_triton and not (params.needs_sort or params.needs_min_p):
+            from rollout.kernels.triton_sampler import sample_plain
+
+            sample_plain(
+                logits, row_logits, params.temperature, params.keys, tokens_out, logprobs_out
+            )
+            return
+        tokens, logprobs = self(logits[row_logits], params)
+        tokens_out.copy_(tokens)
+        logprobs_out.copy_(logprobs)
 
     def __call__(
         self, logits: torch.Tensor, params: SamplingTensors
