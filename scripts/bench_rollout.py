@@ -52,8 +52,10 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
         overlap=overlap,
         cuda_graphs=not args.no_cuda_graphs,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        compile_model=not args.no_compile,
     )
     settings.update(workload.engine)
+    setup_start = time.perf_counter()
     engine = LLMEngine.from_model(model, EngineConfig(**settings))
     params = SamplingParams(
         max_tokens=workload.new_tokens, temperature=args.temperature, ignore_eos=True, seed=0
@@ -64,6 +66,7 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    setup_s = time.perf_counter() - setup_start
     engine.runner.timing = DeviceTiming(engine.device)
     engine.runner.host_wait_s = 0.0
     for i, prompt in enumerate(prompts):
@@ -109,6 +112,8 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
         "preemptions": engine.scheduler.num_preemptions,
         "cuda_graphs": len(engine.runner.graphs) if engine.runner.graphs is not None else 0,
         "truncated_at_deadline": bool(args.deadline_s and engine.has_unfinished()),
+        "setup_s": setup_s,
+        "compiled": settings["compile_model"] and cuda,
         "step_ms": step_ms,
     }
     del engine
@@ -160,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--no-cuda-graphs", action="store_true")
+    parser.add_argument("--no-compile", action="store_true", help="eager decoder layers")
     parser.add_argument("--deadline-s", type=float, default=0.0, help="stop each run after this")
     parser.add_argument("--json-out", default="")
     parser.add_argument("--plot-out", default="", help="PNG path (default: next to --json-out)")
