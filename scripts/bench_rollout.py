@@ -116,11 +116,51 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
         "compiled": settings["compile_model"] and cuda,
         "step_ms": step_ms,
     }
+    if args.profile_steps and cuda:
+        result["profile"] = profile_decode(engine, prompts, args.profile_steps)
     del engine
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
     return result
+
+
+def profile_decode(engine, prompts, num_steps: int) -> list[dict]:
+    """Kernel time by name over `num_steps` decode steps (graph replays included)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from rollout import SamplingParams
+
+    params = SamplingParams(max_tokens=num_steps + 16, ignore_eos=True, seed=3)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, params, request_id=f"p{i}", first_index=i)
+    for _ in range(8):  # past the prefill
+        engine.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(num_steps):
+            engine.step()
+        torch.cuda.synchronize()
+    while engine.has_unfinished():
+        engine.step()
+    rows = []
+    for event in prof.key_averages():
+        device_us = getattr(event, "device_time_total", None) or getattr(
+            event, "cuda_time_total", 0
+        )
+        if device_us:
+            rows.append(
+                {"name": event.key[:90], "calls": event.count, "us_per_step": device_us / num_steps}
+            )
+    rows.sort(key=lambda r: -r["us_per_step"])
+    total = sum(r["us_per_step"] for r in rows)
+    print(f"[bench]   profile: {total / 1e3:.2f} ms of kernels per step; top kernels:")
+    for r in rows[:14]:
+        print(
+            f"[bench]     {r['us_per_step']:8.1f} us  x{r['calls'] / num_steps:5.1f}  {r['name']}"
+        )
+    return rows[:40]
 
 
 def plot(runs: list[dict], title: str, path: Path) -> None:
@@ -166,6 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--no-cuda-graphs", action="store_true")
     parser.add_argument("--no-compile", action="store_true", help="eager decoder layers")
+    parser.add_argument("--profile-steps", type=int, default=0, help="kernel profile of N steps")
     parser.add_argument("--deadline-s", type=float, default=0.0, help="stop each run after this")
     parser.add_argument("--json-out", default="")
     parser.add_argument("--plot-out", default="", help="PNG path (default: next to --json-out)")
@@ -194,6 +235,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[bench] {name}: engine {mode} ...", flush=True)
         runs.append(run_engine(model, workload, mode == "overlap", prompts, args))
         _print_run(runs[-1])
+        _write_report(args, name, workload, runs)
     if args.compare_transformers:
         from rollout.benchmark.transformers_baseline import run_transformers_cb
 
@@ -206,11 +248,25 @@ def main(argv: list[str] | None = None) -> None:
                     )
                 )
                 _print_run(runs[-1])
+                _write_report(args, name, workload, runs)
             except Exception as err:  # noqa: BLE001 - the baseline must not sink our numbers
                 runs.append(
                     {"mode": f"transformers-{mode}", "error": f"{type(err).__name__}: {err}"}
                 )
                 print(f"[bench] transformers {mode} failed: {err}", flush=True)
+    report = _write_report(args, name, workload, runs)
+    _print_table(report)
+    if args.json_out:
+        plot_path = (
+            Path(args.plot_out) if args.plot_out else Path(args.json_out).with_suffix(".png")
+        )
+        plot([r for r in runs if "tokens_per_s" in r], f"{name} on {report['device']}", plot_path)
+
+
+def _write_report(args, name: str, workload, runs: list[dict]) -> dict:
+    """The report so far; written to --json-out after every run (a time-out keeps what finished)."""
+    import torch
+
     report = {
         "workload": name,
         "shape": workload.model,
@@ -224,13 +280,11 @@ def main(argv: list[str] | None = None) -> None:
         "command": " ".join(sys.argv),
         "runs": runs,
     }
-    _print_table(report)
     if args.json_out:
         out = Path(args.json_out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1))
-        plot_path = Path(args.plot_out) if args.plot_out else out.with_suffix(".png")
-        plot([r for r in runs if "tokens_per_s" in r], f"{name} on {report['device']}", plot_path)
+    return report
 
 
 def _commit() -> str:

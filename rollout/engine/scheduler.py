@@ -74,6 +74,13 @@ class Scheduler:
     _next_step: int = 0
     _next_seq_id: int = 1_000_000_000  # forked samples; requests use small ids
 
+    def __post_init__(self) -> None:
+        # A numpy mirror of the running sequences' block tables, one row each, updated only when a
+        # table changes (every block_size tokens), so a step gathers its tables in one indexing op.
+        width = -(-self.max_model_len // self.block_manager.block_size)
+        self.table_rows = np.zeros((self.max_num_seqs, width), dtype=np.int32)
+        self._free_rows = list(range(self.max_num_seqs - 1, -1, -1))
+
     # ---- requests -------------------------------------------------------------------------------
 
     def add(self, seq: Sequence) -> None:
@@ -105,14 +112,17 @@ class Scheduler:
         in_step: set[int] = set()
 
         # Running sequences first, oldest first. Iterate over a snapshot: preemption edits the list.
+        chunks = plan.chunks
         for seq in list(self.running):
-            if budget == 0 or len(plan.chunks) == self.max_num_seqs:
+            if budget == 0 or len(chunks) == self.max_num_seqs:
                 break
-            if seq.status is not Status.RUNNING or self._waits_for_last_token(seq):
-                continue
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if self._make_room(seq, num_new, in_step, plan):
-                budget -= self._add_chunk(plan, seq, num_new)
+            num_tokens = len(seq.token_ids)
+            if seq.status is not Status.RUNNING or num_tokens >= self._token_limit(seq):
+                continue  # preempted just now, or its last token is in flight
+            num_new = min(num_tokens - seq.num_computed_tokens, budget)
+            needed = self._make_room(seq, num_new, in_step, plan)
+            if needed >= 0:
+                budget -= self._add_chunk(plan, seq, num_new, needed)
                 in_step.add(seq.seq_id)
 
         # Then admissions, unless this step had to preempt (the cache is full: admitting now would
@@ -124,12 +134,14 @@ class Scheduler:
             ):
                 break
             num_new = min(seq.num_tokens, budget)
-            if not self.block_manager.can_append(seq.block_table, 0, num_new):
+            needed = self.block_manager.num_new_blocks_needed(seq.block_table, 0, num_new)
+            if needed > self.block_manager.num_free_blocks:
                 break
             self.waiting.pop(0)
             seq.status = Status.RUNNING
+            seq.table_row = self._free_rows.pop()
             _insort(self.running, seq)
-            budget -= self._add_chunk(plan, seq, num_new)
+            budget -= self._add_chunk(plan, seq, num_new, needed)
 
         if not plan.chunks:
             return None
@@ -141,31 +153,40 @@ class Scheduler:
     ) -> list[Sequence]:
         """Fill the plan's placeholders with sampled tokens; returns sequences that finished."""
         finished = []
-        for row, (sample, token, logprob) in enumerate(
-            zip(plan.rows, token_ids, logprobs, strict=True)
+        step_id, eos, finished_status = plan.step_id, self.eos_token_ids, Status.FINISHED
+        # Python lists: per-element access to numpy arrays would build a scalar object each time.
+        for sample, token, logprob in zip(
+            plan.rows, token_ids.tolist(), logprobs.tolist(), strict=True
         ):
             seq = sample.seq
-            if seq.is_finished:  # stopped a step earlier (or aborted): its extra token is dropped
+            if seq.status is finished_status:  # stopped a step earlier: its extra token is dropped
                 continue
-            assert seq.token_ids[sample.position] == PLACEHOLDER, f"row {row} has no placeholder"
-            token = int(token)
-            seq.token_ids[sample.position] = token
-            seq.logprobs.append(float(logprob))
-            if seq.pending_step == plan.step_id:
+            position = sample.position
+            assert seq.token_ids[position] == PLACEHOLDER, "sampled row without a placeholder"
+            seq.token_ids[position] = token
+            seq.logprobs.append(logprob)
+            if seq.pending_step == step_id:
                 seq.pending_step = seq.pending_row = -1
-            reason = self._stop_reason(seq, token, sample.position + 1)
-            if reason is not None:
-                self._finish(seq, reason, keep=sample.position + 1)
-                finished.append(seq)
+            params = seq.params
+            if token in params.stop_token_ids or (not params.ignore_eos and token in eos):
+                reason = "stop"
+            elif position + 1 >= self._token_limit(seq):
+                reason = "length"
+            else:
+                continue
+            self._finish(seq, reason, keep=position + 1)
+            finished.append(seq)
         return finished
 
     # ---- helpers ----------------------------------------------------------------------------
 
-    def _add_chunk(self, plan: StepPlan, seq: Sequence, num_new: int) -> int:
+    def _add_chunk(self, plan: StepPlan, seq: Sequence, num_new: int, blocks_needed: int) -> int:
         start = seq.num_computed_tokens
         end = start + num_new
         assert num_new > 0 and end <= seq.num_tokens
-        plan.block_copies += self.block_manager.append(seq.block_table, start, end)
+        if blocks_needed:  # else the blocks are there and unshared: nothing to allocate or copy
+            plan.block_copies += self.block_manager.append(seq.block_table, start, end)
+            self.table_rows[seq.table_row, : len(seq.block_table)] = seq.block_table
         carry_row = -1
         if seq.token_ids[end - 1] == PLACEHOLDER:
             assert seq.pending_step == plan.step_id - 1, "placeholder from an older step"
@@ -200,6 +221,8 @@ class Scheduler:
         child = self._new_sample(parent, sample_index, status=Status.RUNNING)
         child.num_computed_tokens = parent.num_computed_tokens
         child.block_table = self.block_manager.share(parent.block_table)
+        child.table_row = self._free_rows.pop()
+        self.table_rows[child.table_row] = self.table_rows[parent.table_row]
         _insort(self.running, child)
         return child
 
@@ -217,20 +240,26 @@ class Scheduler:
             status=status,
         )
 
-    def _make_room(self, seq: Sequence, num_new: int, in_step: set[int], plan: StepPlan) -> bool:
-        """Preempt newer sequences until `seq` can take its blocks; False if `seq` itself went."""
+    def _make_room(self, seq: Sequence, num_new: int, in_step: set[int], plan: StepPlan) -> int:
+        """Preempt newer sequences until `seq` can take its blocks. Returns how many blocks it
+        needs, or -1 if `seq` itself had to go."""
         start = seq.num_computed_tokens
-        while not self.block_manager.can_append(seq.block_table, start, start + num_new):
+        bm = self.block_manager
+        needed = bm.num_new_blocks_needed(seq.block_table, start, start + num_new)
+        while needed > bm.num_free_blocks:
             victim = next((s for s in reversed(self.running) if s.seq_id not in in_step), None)
             assert victim is not None, "the sequence itself is always a candidate"
             self._preempt(victim)
             plan.num_preempted += 1
             if victim is seq:
-                return False
-        return True
+                return -1
+            # Freeing a sibling can leave seq the sole owner of a shared block: recount.
+            needed = bm.num_new_blocks_needed(seq.block_table, start, start + num_new)
+        return needed
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self._release_row(seq)
         self.block_manager.free(seq.block_table)
         seq.num_computed_tokens = 0
         seq.status = Status.WAITING
@@ -238,22 +267,13 @@ class Scheduler:
         self.num_preemptions += 1
         _insort(self.waiting, seq)
 
+    def _release_row(self, seq: Sequence) -> None:
+        assert seq.table_row >= 0, "a running sequence owns a table row"
+        self._free_rows.append(seq.table_row)
+        seq.table_row = -1
+
     def _token_limit(self, seq: Sequence) -> int:
         return min(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len)
-
-    def _waits_for_last_token(self, seq: Sequence) -> bool:
-        # Its last token is in flight; computing one more would be wasted work.
-        return seq.num_tokens >= self._token_limit(seq)
-
-    def _stop_reason(self, seq: Sequence, token: int, num_tokens: int) -> str | None:
-        params = seq.params
-        if token in params.stop_token_ids or (
-            not params.ignore_eos and token in self.eos_token_ids
-        ):
-            return "stop"
-        if num_tokens >= self._token_limit(seq):
-            return "length"
-        return None
 
     def _num_resolved(self, seq: Sequence) -> int:
         n = seq.num_tokens
@@ -264,6 +284,7 @@ class Scheduler:
     def _finish(self, seq: Sequence, reason: str, keep: int) -> None:
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
+            self._release_row(seq)
         elif seq.status is Status.WAITING:
             self.waiting.remove(seq)
         self.block_manager.free(seq.block_table)

@@ -51,6 +51,8 @@ class Sequence:
     logprobs: list[float] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    table_row: int = -1
+    """Row of the scheduler's block-table mirror while running (-1 otherwise)."""
     status: Status = Status.WAITING
     num_forks_pending: int = 0
     """Samples still to fork off this one when its prompt is done (n - 1 for a new group's first)."""

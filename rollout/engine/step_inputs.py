@@ -57,7 +57,11 @@ class StepInputs:
         return bool(np.any(self.min_p > 0))
 
 
-def build_step_inputs(plan: StepPlan, block_size: int) -> StepInputs:
+def build_step_inputs(
+    plan: StepPlan, block_size: int, table_rows: np.ndarray | None = None
+) -> StepInputs:
+    """`table_rows`: the scheduler's block-table mirror (gathered in one op); without it the
+    tables are copied from each sequence's list (the simple path, used by unit tests)."""
     chunks = plan.chunks
     num_seqs = len(chunks)
     lens = np.fromiter((len(c.token_ids) for c in chunks), dtype=np.int64, count=num_seqs)
@@ -74,9 +78,12 @@ def build_step_inputs(plan: StepPlan, block_size: int) -> StepInputs:
     positions = np.arange(plan.num_tokens, dtype=np.int64) - query_start_loc[owner] + starts[owner]
 
     max_blocks = max(len(c.seq.block_table) for c in chunks)
-    block_tables = np.zeros((num_seqs, max_blocks), dtype=np.int32)
-    for s, c in enumerate(chunks):
-        block_tables[s, : len(c.seq.block_table)] = c.seq.block_table
+    if table_rows is not None:
+        block_tables = table_rows[[c.seq.table_row for c in chunks], :max_blocks]
+    else:
+        block_tables = np.zeros((num_seqs, max_blocks), dtype=np.int32)
+        for s, c in enumerate(chunks):
+            block_tables[s, : len(c.seq.block_table)] = c.seq.block_table
     slot_mapping = (
         block_tables[owner, positions // block_size].astype(np.int64) * block_size
         + positions % block_size

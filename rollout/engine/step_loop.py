@@ -28,7 +28,9 @@ class _Loop:
         if plan is None:
             return None
         self.num_steps += 1
-        return plan, self.runner.launch(plan.step_id, build_step_inputs(plan, self.block_size))
+        return plan, self.runner.launch(
+            plan.step_id, build_step_inputs(plan, self.block_size, self.scheduler.table_rows)
+        )
 
     def _finish(self, launched: tuple[StepPlan, StepHandle]) -> list[Sequence]:
         plan, handle = launched

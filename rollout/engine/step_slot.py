@@ -15,9 +15,8 @@ from rollout.engine.step_inputs import StepInputs
 from rollout.engine.streams import StepStreams
 
 # name -> (dtype, which maximum bounds the buffer's element count), for every StepInputs array that
-# goes to the device. Buffers are flat: a step's array is the contiguous prefix, viewed in its shape,
-# so each copy is one contiguous transfer (a strided copy from pinned memory would be staged
-# through pageable memory and block the host).
+# goes to the device. Buffers are flat: a step's array is the contiguous prefix, viewed in its shape
+# (a strided copy from pinned memory would be staged through pageable memory and block the host).
 _INPUT_FIELDS = {
     "input_ids": (torch.int64, "tokens"),
     "positions": (torch.int64, "tokens"),
@@ -57,11 +56,20 @@ class StepSlot:
             "seqs x blocks": max_seqs * max_blocks_per_seq,
             "seqs x 2": max_seqs * 2,
         }
+        # One byte buffer per side holds every field at a fixed, aligned offset, so a step's
+        # inputs travel in a single copy instead of one per field.
+        layout, total = {}, 0
+        for name, (dtype, size) in _INPUT_FIELDS.items():
+            nbytes = sizes[size] * torch.empty((), dtype=dtype).element_size()
+            layout[name] = (total, nbytes, dtype)
+            total += -(-nbytes // 64) * 64
+        self.host_bytes = torch.zeros(total, dtype=torch.uint8, pin_memory=pin)
+        self.device_bytes = torch.zeros(total, dtype=torch.uint8, device=device)
         self.host: dict[str, torch.Tensor] = {}
         self.device: dict[str, torch.Tensor] = {}
-        for name, (dtype, size) in _INPUT_FIELDS.items():
-            self.host[name] = torch.zeros(sizes[size], dtype=dtype, pin_memory=pin)
-            self.device[name] = torch.zeros(sizes[size], dtype=dtype, device=device)
+        for name, (offset, nbytes, dtype) in layout.items():
+            self.host[name] = self.host_bytes[offset : offset + nbytes].view(dtype)
+            self.device[name] = self.device_bytes[offset : offset + nbytes].view(dtype)
         self.tokens_device = torch.zeros(max_seqs, dtype=torch.int64, device=device)
         self.logprobs_device = torch.zeros(max_seqs, dtype=torch.float32, device=device)
         self.tokens_host = torch.zeros(max_seqs, dtype=torch.int64, pin_memory=pin)
@@ -80,13 +88,9 @@ class StepSlot:
         return shapes
 
     def copy_to_device(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-        """Enqueue the host-to-device copies on the current stream; returns device views."""
-        views = {}
-        for name, shape in shapes.items():
-            count = int(np.prod(shape))
-            self.device[name][:count].copy_(self.host[name][:count], non_blocking=True)
-            views[name] = self.device_view(name, shape)
-        return views
+        """Enqueue the host-to-device copy on the current stream; returns device views."""
+        self.device_bytes.copy_(self.host_bytes, non_blocking=True)
+        return {name: self.device_view(name, shape) for name, shape in shapes.items()}
 
     def device_view(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """The device buffer's contiguous prefix in `shape` (the same memory every step)."""
