@@ -73,10 +73,20 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
         engine.add_request(prompt, params, request_id=f"r{i}", first_index=i)
     step_ends, tokens = [], 0
     start = time.perf_counter()
+    last_report = 0.0
     while engine.has_unfinished():
         for completion in engine.step():
             tokens += len(completion.token_ids)
         step_ends.append(time.perf_counter() - start)
+        if step_ends[-1] - last_report > 60:  # long workloads: show progress
+            last_report = step_ends[-1]
+            done = tokens + sum(s.num_output_tokens for s in engine.scheduler.running)
+            print(
+                f"[bench]   ... {step_ends[-1]:.0f} s, {len(step_ends)} steps, ~{done:,} tokens, "
+                f"{len(engine.scheduler.running)} running, "
+                f"{engine.scheduler.num_preemptions} preemptions",
+                flush=True,
+            )
         if args.deadline_s and step_ends[-1] > args.deadline_s:
             break
     if cuda:
@@ -239,6 +249,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.compare_transformers:
         from rollout.benchmark.transformers_baseline import run_transformers_cb
 
+        # A fresh model with the same weights: the engine switched the first one's attention and
+        # compiled its layers in place, which would slow transformers' own path down.
+        del model
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.manual_seed(0)
+        model = build_model(workload.model, workload.dtype, workload.device)
         for mode in [m for m in args.transformers_modes.split(",") if m]:
             print(f"[bench] {name}: transformers {mode} ...", flush=True)
             try:
