@@ -8,6 +8,7 @@ On CPU, host clocks stand in for events.
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import torch
 
@@ -15,7 +16,7 @@ import torch
 class DeviceTiming:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self._pairs: list = []
+        self._pairs: deque = deque()
         self._cpu_total = 0.0
 
     def begin(self):
@@ -34,11 +35,18 @@ class DeviceTiming:
             self._cpu_total += time.perf_counter() - start
 
     def step_times_s(self) -> list[float]:
-        """Device seconds per step (synchronizes; call after the run)."""
+        """Device seconds of each recorded step (synchronizes; benchmarks call it after a run)."""
         if not self.cuda:
             return []
         torch.cuda.synchronize()
         return [s.elapsed_time(e) / 1e3 for s, e in self._pairs]
 
     def total_s(self) -> float:
-        return sum(self.step_times_s()) if self.cuda else self._cpu_total
+        """Device seconds of all steps whose end event has completed; never waits on the device.
+        Completed pairs are folded into a running total, so long runs keep no event backlog."""
+        if not self.cuda:
+            return self._cpu_total
+        while self._pairs and self._pairs[0][1].query():
+            start, end = self._pairs.popleft()
+            self._cpu_total += start.elapsed_time(end) / 1e3
+        return self._cpu_total

@@ -1,0 +1,77 @@
+"""Rollout metrics measured inside a worker, reported as plain dicts (the trainer logs them)."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+from rollout.engine.device_timing import DeviceTiming
+
+if TYPE_CHECKING:
+    from rollout.engine.llm_engine import LLMEngine
+    from rollout.rollout_types import FinishedSample
+
+
+class WorkerMetrics:
+    """Windowed counters over the last `window_s` seconds of one worker's engine."""
+
+    def __init__(self, engine: LLMEngine, window_s: float = 30.0) -> None:
+        self.engine = engine
+        self.window_s = window_s
+        self._steps: deque[tuple[float, float]] = deque()  # (end time, host seconds)
+        self._tokens: deque[tuple[float, int]] = deque()  # (finish time, generated tokens)
+        self._latencies: deque[tuple[float, float]] = deque()
+        self.total_tokens = 0
+        self.total_sequences = 0
+        # Device time per step gives the GPU-busy fraction; events are cheap, CPU uses host clocks.
+        engine.runner.timing = DeviceTiming(engine.device)
+        self._device_s_seen = 0.0
+
+    def record_step(self, host_s: float) -> None:
+        now = time.monotonic()
+        self._steps.append((now, host_s))
+        self._trim(now)
+
+    def record_finished(self, sample: FinishedSample) -> None:
+        now = time.monotonic()
+        self._tokens.append((now, len(sample.token_ids)))
+        self._latencies.append((now, sample.finished_at - sample.received_at))
+        self.total_tokens += len(sample.token_ids)
+        self.total_sequences += 1
+
+    def snapshot(self, version: int, outstanding_groups: int) -> dict[str, float]:
+        now = time.monotonic()
+        self._trim(now)
+        span = self.window_s
+        scheduler = self.engine.scheduler
+        blocks = self.engine.num_kv_blocks
+        steps = len(self._steps)
+        timing = self.engine.runner.timing
+        device_total = timing.total_s() if timing is not None else 0.0
+        device_s, self._device_s_seen = device_total - self._device_s_seen, device_total
+        host_s = sum(h for _, h in self._steps)
+        return {
+            "tokens_per_s": sum(n for _, n in self._tokens) / span,
+            "steps_per_s": steps / span,
+            "cpu_ms_per_step": 1e3 * host_s / steps if steps else 0.0,
+            "gpu_busy": min(1.0, device_s / host_s) if host_s else 0.0,
+            "running_sequences": float(len(scheduler.running)),
+            "waiting_sequences": float(len(scheduler.waiting)),
+            "kv_cache_use": 1.0 - self.engine.block_manager.num_free_blocks / blocks,
+            "preemptions": float(scheduler.num_preemptions),
+            "latency_s": (
+                sum(lat for _, lat in self._latencies) / len(self._latencies)
+                if self._latencies
+                else 0.0
+            ),
+            "weight_version": float(version),
+            "outstanding_groups": float(outstanding_groups),
+            "total_tokens": float(self.total_tokens),
+            "total_sequences": float(self.total_sequences),
+        }
+
+    def _trim(self, now: float) -> None:
+        for items in (self._steps, self._tokens, self._latencies):
+            while items and now - items[0][0] > self.window_s:
+                items.popleft()

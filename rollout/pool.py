@@ -1,0 +1,243 @@
+"""RolloutPool: spreads groups over Ray rollout actors and streams their samples back.
+
+Each actor is a `RolloutWorker` made a Ray actor at spawn time. A collector thread keeps one
+`poll()` call in flight per actor and routes finished samples to their groups; a group is handed
+out (`get()`) once all of its G samples are in, exactly once. New groups go to the actor with the
+least outstanding work (estimated tokens). When an actor dies, its unfinished groups are generated
+again, whole, on the others (a new attempt number makes any stray late sample harmless).
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollout.engine.config import EngineConfig
+from rollout.engine.sampling_params import SamplingParams
+from rollout.rollout_types import CompletedGroup, FinishedSample, GroupRequest
+from rollout.worker import RolloutWorker
+
+
+@dataclass
+class _Group:
+    request: GroupRequest
+    actor: int
+    submitted_at: float
+    metadata: dict
+    samples: dict[int, FinishedSample] = field(default_factory=dict)
+
+    @property
+    def cost(self) -> int:  # tokens this group may still generate or hold
+        return self.request.params.n * (
+            len(self.request.prompt_token_ids) + self.request.params.max_tokens
+        )
+
+
+class RolloutPool:
+    def __init__(
+        self,
+        engine_config: EngineConfig,
+        num_actors: int,
+        *,
+        num_gpus_per_actor: float = 0.0,
+        num_cpus_per_actor: float = 1.0,
+        poll_timeout_s: float = 0.2,
+    ) -> None:
+        import ray
+
+        if num_actors < 1:
+            raise ValueError(f"num_actors must be >= 1; got {num_actors}")
+        if not ray.is_initialized():
+            raise RuntimeError("call ray.init() before creating a RolloutPool")
+        self._ray = ray
+        self.engine_config = engine_config
+        self.poll_timeout_s = poll_timeout_s
+        actor_class = ray.remote(RolloutWorker)
+        self.actors: dict[int, Any] = {}
+        for i in range(num_actors):
+            self.actors[i] = actor_class.options(
+                num_gpus=num_gpus_per_actor,
+                num_cpus=num_cpus_per_actor,
+                max_concurrency=8,  # poll blocks in one thread while submit/stats run in others
+            ).remote(engine_config.__dict__, i)
+        ray.get([a.ping.remote() for a in self.actors.values()])  # engines loaded
+        self.dead: dict[int, str] = {}
+        self.version = 0
+        self._groups: dict[int, _Group] = {}
+        self._load = dict.fromkeys(self.actors, 0)
+        self._done: queue.Queue[CompletedGroup | BaseException] = queue.Queue()
+        self._lock = threading.Lock()
+        self._group_ids = itertools.count()
+        self._stopping = False
+        self._weight_group = None
+        self._weight_members: tuple[int, ...] = ()
+        self._collector = threading.Thread(target=self._collect, name="rollout-pool", daemon=True)
+        self._collector.start()
+
+    # ---- groups ------------------------------------------------------------------------------
+
+    def submit(self, prompt_token_ids: list[int], params: SamplingParams, metadata: dict | None = None) -> int:
+        """Queue one prompt's `params.n` samples on the least-loaded live actor; returns its id."""
+        with self._lock:
+            group_id = next(self._group_ids)
+            request = GroupRequest(group_id, list(prompt_token_ids), params)
+            group = _Group(request, -1, time.time(), metadata or {})
+            self._groups[group_id] = group
+            self._dispatch(group)
+        return group_id
+
+    def get(self, timeout: float | None = None) -> CompletedGroup:
+        """The next completed group (in completion order); raises queue.Empty on timeout."""
+        item = self._done.get(timeout=timeout)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def num_outstanding(self) -> int:
+        with self._lock:
+            return len(self._groups)
+
+    def abort(self, group_ids: list[int]) -> None:
+        """End these groups early; they are still delivered, with finish_reason "abort"."""
+        by_actor: dict[int, list[int]] = {}
+        with self._lock:
+            for g in group_ids:
+                if g in self._groups:
+                    by_actor.setdefault(self._groups[g].actor, []).append(g)
+        self._ray.get([self.actors[a].abort.remote(ids) for a, ids in by_actor.items()])
+
+    def pause(self) -> None:
+        self._ray.get([a.pause.remote() for a in self._live().values()])
+
+    def resume(self) -> None:
+        self._ray.get([a.resume.remote() for a in self._live().values()])
+
+    def stats(self) -> dict[int, dict[str, float]]:
+        """Per live actor metrics (see rollout.metrics.WorkerMetrics)."""
+        live = self._live()
+        return dict(zip(live, self._ray.get([a.stats.remote() for a in live.values()]), strict=True))
+
+    def kill_actor(self, actor: int) -> None:
+        """Kill one actor (fault-injection for tests and drills); its groups move elsewhere."""
+        self._ray.kill(self.actors[actor], no_restart=True)
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        self._collector.join(timeout=10)
+        for a in self._live().values():
+            self._ray.kill(a, no_restart=True)
+
+    # ---- weights ---------------------------------------------------------------------------
+
+    def sync_weights(self, named_tensors, version: int | None = None, backend: str = "gloo") -> dict:
+        """Broadcast the trainer's weights to every live actor (in place, at a step boundary)."""
+        import torch
+
+        from rollout.weights import DEFAULT_BUCKET_BYTES, free_port, manifest_for, send_weights
+
+        named = [(n, t) for n, t in named_tensors]
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+        rollout_dtype = dtype.get(self.engine_config.dtype, named[0][1].dtype)
+        manifest = manifest_for(named, rollout_dtype, DEFAULT_BUCKET_BYTES)
+        live = self._live()
+        self._ray.get([a.check_weights.remote(manifest) for a in live.values()])  # raises on mismatch
+        start = time.perf_counter()
+        if self._weight_members != tuple(live):  # first sync, or an actor died since the last
+            from rollout.weights import WeightGroup
+
+            host, port = "127.0.0.1", free_port()
+            joins = [
+                a.join_weight_group.remote(host, port, rank + 1, len(live) + 1, backend)
+                for rank, a in enumerate(live.values())
+            ]
+            self._weight_group = WeightGroup(host, port, 0, len(live) + 1, backend)
+            self._ray.get(joins)
+            self._weight_members = tuple(live)
+        self.version = version if version is not None else self.version + 1
+        receives = [a.receive_weights.remote(manifest, self.version) for a in live.values()]
+        device = named[0][1].device
+        sent = send_weights(self._weight_group, manifest, named, device)
+        self._ray.get(receives)
+        return {"seconds": time.perf_counter() - start, "bytes": sent, "version": self.version}
+
+    def probe(self, prompt_token_ids: list[int], max_tokens: int = 16, actor: int | None = None) -> dict:
+        """One sampled completion with logprobs from an actor (for the logprob parity check)."""
+        live = self._live()
+        handle = live[actor] if actor is not None else next(iter(live.values()))
+        return self._ray.get(handle.probe.remote(prompt_token_ids, max_tokens))
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _live(self) -> dict[int, Any]:
+        return {i: a for i, a in self.actors.items() if i not in self.dead}
+
+    def _dispatch(self, group: _Group) -> None:
+        """Send to the live actor with the least outstanding tokens (caller holds the lock)."""
+        live = [i for i in self.actors if i not in self.dead]
+        if not live:
+            raise RuntimeError("no rollout actor is alive")
+        actor = min(live, key=lambda i: self._load[i])
+        group.actor = actor
+        self._load[actor] += group.cost
+        self.actors[actor].submit.remote([group.request])
+
+    def _collect(self) -> None:
+        ray = self._ray
+        polls: dict[Any, int] = {}
+        while not self._stopping:
+            for i, actor in self._live().items():
+                if i not in polls.values():
+                    polls[actor.poll.remote(self.poll_timeout_s)] = i
+            if not polls:
+                time.sleep(0.1)
+                continue
+            ready, _ = ray.wait(list(polls), num_returns=1, timeout=1.0)
+            for ref in ready:
+                actor = polls.pop(ref)
+                try:
+                    samples = ray.get(ref)
+                except ray.exceptions.RayError as err:
+                    self._on_actor_failure(actor, err)
+                    polls = {r: a for r, a in polls.items() if a != actor}
+                    continue
+                self._accept(samples)
+
+    def _accept(self, samples: list[FinishedSample]) -> None:
+        with self._lock:
+            for sample in samples:
+                group = self._groups.get(sample.group_id)
+                if group is None or group.request.attempt != sample.attempt:
+                    continue  # from a superseded attempt
+                group.samples[sample.sample_index] = sample
+                if len(group.samples) == group.request.params.n:
+                    del self._groups[sample.group_id]
+                    self._load[group.actor] -= group.cost
+                    ordered = [group.samples[i] for i in sorted(group.samples)]
+                    metadata = dict(group.metadata, submitted_at=group.submitted_at)
+                    self._done.put(CompletedGroup(sample.group_id, ordered, metadata))
+
+    def _on_actor_failure(self, actor: int, err: BaseException) -> None:
+        with self._lock:
+            self.dead[actor] = repr(err)
+            orphans = [g for g in self._groups.values() if g.actor == actor]
+            try:
+                self._ray.kill(self.actors[actor], no_restart=True)
+            except Exception:  # noqa: BLE001 - it may be gone already
+                pass
+            if len(self.dead) == len(self.actors):
+                self._done.put(RuntimeError(f"all rollout actors died; last error: {err!r}"))
+                return
+            for group in orphans:
+                self._load[actor] -= group.cost
+                group.request = GroupRequest(
+                    group.request.group_id,
+                    group.request.prompt_token_ids,
+                    group.request.params,
+                    group.request.attempt + 1,
+                )
+                group.samples.clear()
+                self._dispatch(group)

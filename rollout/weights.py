@@ -1,0 +1,180 @@
+"""Weight sync from the trainer (rank 0) to the rollout engines over a dedicated process group.
+
+The group is built from a TCP store with the backend classes directly (gloo on CPU, NCCL on GPUs),
+so it never touches the trainer's own default process group. Parameters travel by transformers
+name, cast to the rollout dtype and packed into buckets (one broadcast each); each receiver copies
+them in place into its engine's parameters, so CUDA graphs captured on those tensors stay valid.
+Names and shapes are checked against every engine before any tensor moves: a mismatch raises an
+error that names the offending parameters and leaves the old weights whole.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+DEFAULT_BUCKET_BYTES = 1 << 30
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class WeightManifest:
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtype: str
+    """Rollout dtype every tensor is cast to before it is sent."""
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    def buckets(self) -> list[list[int]]:
+        """Parameter indices per broadcast, in order; a tensor larger than the cap goes alone."""
+        element = torch.empty((), dtype=self.torch_dtype).element_size()
+        buckets, current, size = [], [], 0
+        for i, shape in enumerate(self.shapes):
+            nbytes = _numel(shape) * element
+            if current and size + nbytes > self.bucket_bytes:
+                buckets.append(current)
+                current, size = [], 0
+            current.append(i)
+            size += nbytes
+        if current:
+            buckets.append(current)
+        return buckets
+
+    @property
+    def total_bytes(self) -> int:
+        element = torch.empty((), dtype=self.torch_dtype).element_size()
+        return sum(_numel(s) for s in self.shapes) * element
+
+
+def manifest_for(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype, bucket_bytes: int
+) -> WeightManifest:
+    names, shapes = [], []
+    for name, tensor in named_tensors:
+        names.append(name)
+        shapes.append(tuple(tensor.shape))
+    dtype_name = next(k for k, v in _DTYPES.items() if v == dtype)
+    return WeightManifest(tuple(names), tuple(shapes), dtype_name, bucket_bytes)
+
+
+def check_manifest(model: torch.nn.Module, manifest: WeightManifest) -> None:
+    """Raise ValueError naming every parameter the model lacks, has extra, or shapes differently."""
+    params = dict(model.named_parameters())
+    missing = [n for n in manifest.names if n not in params]
+    extra = [n for n in params if n not in set(manifest.names)]
+    wrong = [
+        f"{n}: sent {list(shape)}, engine has {list(params[n].shape)}"
+        for n, shape in zip(manifest.names, manifest.shapes, strict=True)
+        if n in params and tuple(params[n].shape) != tuple(shape)
+    ]
+    if missing or extra or wrong:
+        parts = []
+        if missing:
+            parts.append(f"not in the rollout model: {missing[:8]}")
+        if extra:
+            parts.append(f"not sent by the trainer: {extra[:8]}")
+        if wrong:
+            parts.append(f"shape mismatch: {wrong[:8]}")
+        raise ValueError(
+            "weight sync refused, the trainer and rollout models differ ("
+            + "; ".join(parts)
+            + "); the rollout weights are unchanged"
+        )
+
+
+class WeightGroup:
+    """One end of the trainer + engines process group (rank 0 is the trainer)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float = 600.0,
+    ) -> None:
+        timeout = datetime.timedelta(seconds=timeout_s)
+        self.rank, self.world_size, self.backend = rank, world_size, backend
+        self.store = torch.distributed.TCPStore(
+            host, port, world_size, is_master=rank == 0, timeout=timeout
+        )
+        if backend == "gloo":
+            self.group = torch.distributed.ProcessGroupGloo(self.store, rank, world_size, timeout)
+        elif backend == "nccl":
+            self.group = torch.distributed.ProcessGroupNCCL(self.store, rank, world_size)
+        else:
+            raise ValueError(f"weight sync backend must be 'gloo' or 'nccl'; got {backend!r}")
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        options = torch.distributed.BroadcastOptions()
+        options.rootRank = 0
+        self.group.broadcast([tensor], options).wait()
+
+
+def send_weights(
+    group: WeightGroup,
+    manifest: WeightManifest,
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    device: torch.device,
+) -> int:
+    """Trainer side: pack and broadcast every bucket; returns bytes sent."""
+    tensors = dict(named_tensors)
+    sent = 0
+    for bucket in manifest.buckets():
+        flat = _pack([tensors[manifest.names[i]] for i in bucket], manifest.torch_dtype, device)
+        group.broadcast(flat)
+        sent += flat.numel() * flat.element_size()
+    return sent
+
+
+def receive_weights(group: WeightGroup, manifest: WeightManifest, model: torch.nn.Module) -> int:
+    """Engine side: receive every bucket and copy it in place into the model's parameters."""
+    params = dict(model.named_parameters())
+    device = next(iter(params.values())).device
+    received = 0
+    with torch.no_grad():
+        for bucket in manifest.buckets():
+            numel = sum(_numel(manifest.shapes[i]) for i in bucket)
+            flat = torch.empty(numel, dtype=manifest.torch_dtype, device=device)
+            group.broadcast(flat)
+            offset = 0
+            for i in bucket:
+                param = params[manifest.names[i]]
+                n = param.numel()
+                param.copy_(flat[offset : offset + n].view(param.shape))
+                offset += n
+            received += flat.numel() * flat.element_size()
+    return received
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _pack(tensors: list[torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    flat = torch.empty(sum(t.numel() for t in tensors), dtype=dtype, device=device)
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        flat[offset : offset + n].copy_(t.detach().reshape(-1))
+        offset += n
+    return flat
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

@@ -1,0 +1,232 @@
+"""RolloutWorker: one engine, driven by its own thread, fed and drained through small calls.
+
+A plain class (tests use it directly); `rollout.pool` makes it a Ray actor at spawn time. Calls
+from other threads (Ray runs actor methods in a thread pool) never touch the engine: they queue
+work or commands that the loop thread applies between steps, so weight updates land at a step
+boundary and every request sees a consistent engine.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from rollout.engine.config import EngineConfig
+from rollout.engine.llm_engine import LLMEngine
+from rollout.engine.sampling_params import SamplingParams
+from rollout.engine.sequence import Completion
+from rollout.metrics import WorkerMetrics
+from rollout.rollout_types import FinishedSample, GroupRequest
+from rollout.weights import WeightGroup, WeightManifest, check_manifest, receive_weights
+
+
+class RolloutWorker:
+    def __init__(self, engine_config: EngineConfig | dict, worker_id: int = 0) -> None:
+        if isinstance(engine_config, dict):
+            engine_config = EngineConfig.from_dict(engine_config)
+        self.worker_id = worker_id
+        self.engine = LLMEngine(engine_config)
+        self.version = 0
+        self.metrics = WorkerMetrics(self.engine)
+        self._inbox: queue.Queue[GroupRequest] = queue.Queue()
+        self._commands: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
+        self._outbox: list[FinishedSample] = []
+        self._outbox_ready = threading.Condition()
+        self._wake = threading.Event()
+        self._paused = False
+        self._stopping = False
+        # request id -> (group, wall time received, weight version at start, samples not yet back)
+        self._groups: dict[str, tuple[GroupRequest, float, int]] = {}
+        self._remaining: dict[str, int] = {}
+        self._error: BaseException | None = None
+        self._probes: dict[str, Future] = {}
+        self._weight_group: WeightGroup | None = None
+        self._thread = threading.Thread(
+            target=self._loop, name=f"rollout-worker-{worker_id}", daemon=True
+        )
+        self._thread.start()
+
+    # ---- calls from the pool ---------------------------------------------------------------
+
+    def submit(self, groups: list[GroupRequest]) -> int:
+        """Queue groups; returns how many are now queued or running here."""
+        for group in groups:
+            self._inbox.put(group)
+        self._wake.set()
+        return len(self._groups) + self._inbox.qsize()
+
+    def poll(self, timeout: float = 1.0) -> list[FinishedSample]:
+        """Finished samples since the last poll; waits up to `timeout` for the first one."""
+        self._raise_if_failed()
+        with self._outbox_ready:
+            if not self._outbox:
+                self._outbox_ready.wait(timeout)
+            samples, self._outbox = self._outbox, []
+        return samples
+
+    def abort(self, group_ids: list[int]) -> None:
+        """End these groups (their samples come back with finish_reason "abort")."""
+        self.run_between_steps(lambda: [self.engine.abort(str(g)) for g in group_ids])
+
+    def pause(self) -> None:
+        """Stop stepping (after the current step); queued and running requests stay."""
+        self.run_between_steps(lambda: setattr(self, "_paused", True))
+
+    def resume(self) -> None:
+        self._paused = False
+        self._wake.set()
+
+    def run_between_steps(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
+        """Run `fn` on the loop thread at the next step boundary and return its result."""
+        future: Future = Future()
+        self._commands.put((fn, future))
+        self._wake.set()
+        return future.result(timeout)
+
+    # ---- weights ---------------------------------------------------------------------------
+
+    def join_weight_group(
+        self, host: str, port: int, rank: int, world_size: int, backend: str
+    ) -> None:
+        """Join the trainer's weight-sync process group (blocks until every member joined)."""
+        if backend == "nccl":
+            torch.cuda.set_device(self.engine.device)
+        self._weight_group = WeightGroup(host, port, rank, world_size, backend)
+
+    def check_weights(self, manifest: WeightManifest) -> None:
+        """Raise (naming the parameters) if a sync with this manifest would not fit the engine."""
+        check_manifest(self.engine.model, manifest)
+
+    def receive_weights(self, manifest: WeightManifest, version: int) -> float:
+        """Receive a broadcast of new weights at a step boundary; returns seconds spent."""
+        if self._weight_group is None:
+            raise RuntimeError("join_weight_group() first")
+
+        def apply() -> float:
+            start = time.perf_counter()
+            streams = self.engine.runner.streams
+            # On CUDA the copies are ordered after any step still in flight on the compute stream.
+            with streams.on(streams.compute):
+                receive_weights(self._weight_group, manifest, self.engine.model)
+            self.version = version
+            return time.perf_counter() - start
+
+        return self.run_between_steps(apply)
+
+    def probe(self, prompt_token_ids: list[int], max_tokens: int = 16, seed: int = 0) -> dict:
+        """Sample one completion (temperature 1) through the engine, among the running requests,
+        for comparing its logprobs with the trainer's forward."""
+        future: Future = Future()
+        request_id = f"probe-{len(self._probes)}-{time.monotonic_ns()}"
+        params = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed)
+
+        def add() -> None:
+            self._probes[request_id] = future
+            self.engine.add_request(prompt_token_ids, params, request_id=request_id)
+
+        self.run_between_steps(add)
+        completion = future.result(timeout=600)
+        return {
+            "token_ids": completion.token_ids,
+            "logprobs": completion.logprobs,
+            "version": self.version,
+        }
+
+    def stats(self) -> dict[str, float]:
+        return self.metrics.snapshot(self.version, len(self._groups) + self._inbox.qsize())
+
+    def ping(self) -> int:
+        return self.worker_id
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    # ---- the loop thread -------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while not self._stopping:
+                self._apply_commands()
+                self._admit()
+                if self._paused or not self.engine.has_unfinished():
+                    self._wake.wait(0.05)
+                    self._wake.clear()
+                    continue
+                start = time.perf_counter()
+                completions = self.engine.step()
+                self.metrics.record_step(time.perf_counter() - start)
+                self._deliver(completions)
+        except BaseException as err:  # noqa: BLE001 - surfaced to the pool by the next poll
+            self._error = err
+            with self._outbox_ready:
+                self._outbox_ready.notify_all()
+
+    def _apply_commands(self) -> None:
+        while True:
+            try:
+                fn, future = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                future.set_result(fn())
+            except BaseException as err:  # noqa: BLE001 - the caller gets it from the future
+                future.set_exception(err)
+
+    def _admit(self) -> None:
+        while True:
+            try:
+                group = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            request_id = str(group.group_id)
+            self._groups[request_id] = (group, time.time(), self.version)
+            self._remaining[request_id] = group.params.n
+            self.engine.add_request(group.prompt_token_ids, group.params, request_id=request_id)
+
+    def _deliver(self, completions: list[Completion]) -> None:
+        if not completions:
+            return
+        now = time.time()
+        samples = []
+        for c in completions:
+            if c.request_id in self._probes:
+                self._probes.pop(c.request_id).set_result(c)
+                continue
+            group, received, version = self._groups[c.request_id]
+            samples.append(
+                FinishedSample(
+                    group_id=group.group_id,
+                    attempt=group.attempt,
+                    sample_index=c.index,
+                    prompt_token_ids=c.prompt_token_ids,
+                    token_ids=c.token_ids,
+                    logprobs=c.logprobs,
+                    finish_reason=c.finish_reason,
+                    error=c.error,
+                    weight_versions=(version, self.version),
+                    actor=self.worker_id,
+                    received_at=received,
+                    finished_at=now,
+                )
+            )
+            self.metrics.record_finished(samples[-1])
+            self._remaining[c.request_id] -= 1
+            if self._remaining[c.request_id] == 0:
+                del self._remaining[c.request_id], self._groups[c.request_id]
+        with self._outbox_ready:
+            self._outbox.extend(samples)
+            self._outbox_ready.notify_all()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(
+                f"rollout worker {self.worker_id} failed: {self._error!r}"
+            ) from self._error

@@ -1,0 +1,142 @@
+"""Ray rollout actors through the RolloutPool: streaming, actor death, weight sync over gloo."""
+
+from __future__ import annotations
+
+import queue
+
+import pytest
+import torch
+
+from rollout import EngineConfig, LLMEngine, SamplingParams
+from tests.conftest import random_prompts, tiny_model
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model("llama", seed=4).save_pretrained(path)
+    return str(path)
+
+
+def _config(model_dir: str, **overrides) -> EngineConfig:
+    settings = dict(
+        model=model_dir, device="cpu", dtype="float32", max_model_len=128, block_size=8,
+        max_num_seqs=16, num_kv_blocks=64,
+    )  # fmt: skip
+    settings.update(overrides)
+    return EngineConfig(**settings)
+
+
+def _drain(pool, count: int, timeout: float = 120.0) -> list:
+    groups = []
+    while len(groups) < count:
+        groups.append(pool.get(timeout=timeout))
+    return groups
+
+
+def test_pool_streams_groups_that_match_a_local_engine(ray_cluster, model_dir) -> None:
+    from rollout.pool import RolloutPool
+
+    prompts = random_prompts((3, 7, 12, 5, 9), seed=31)
+    params = [SamplingParams(max_tokens=10 + 3 * i, n=3, seed=100 + i) for i in range(5)]
+    pool = RolloutPool(_config(model_dir), num_actors=2)
+    try:
+        ids = [
+            pool.submit(p, sp, {"prompt": i})
+            for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
+        ]
+        groups = _drain(pool, 5)
+        with pytest.raises(queue.Empty):
+            pool.get(timeout=0.5)  # exactly once: nothing more comes
+        assert sorted(g.group_id for g in groups) == sorted(ids)
+        assert {s.actor for g in groups for s in g.samples} == {0, 1}, (
+            "work spread over both actors"
+        )
+        local = LLMEngine(_config(model_dir)).generate(prompts, params)
+        for g in groups:
+            i = g.metadata["prompt"]
+            assert [s.sample_index for s in g.samples] == [0, 1, 2]
+            assert [s.token_ids for s in g.samples] == [
+                c.token_ids for c in local[3 * i : 3 * i + 3]
+            ]
+            assert all(s.weight_versions == (0, 0) for s in g.samples)
+        stats = pool.stats()
+        assert sum(s["total_sequences"] for s in stats.values()) == 15
+    finally:
+        pool.shutdown()
+
+
+def test_a_dead_actor_loses_nothing(ray_cluster, model_dir) -> None:
+    from rollout.pool import RolloutPool
+
+    pool = RolloutPool(_config(model_dir), num_actors=2)
+    try:
+        prompts = random_prompts([4] * 8, seed=32)
+        ids = [
+            pool.submit(p, SamplingParams(max_tokens=100, n=2, ignore_eos=True)) for p in prompts
+        ]
+        first = pool.get(timeout=120)  # rollouts are under way
+        pool.kill_actor(0)
+        groups = [first, *_drain(pool, 7)]
+        with pytest.raises(queue.Empty):
+            pool.get(timeout=1.0)
+        assert sorted(g.group_id for g in groups) == sorted(ids)
+        assert all(len(g.samples) == 2 for g in groups)
+        assert all(len(s.token_ids) == 100 for g in groups for s in g.samples)
+        assert 0 in pool.dead
+        assert any(s.actor == 1 and s.attempt == 1 for g in groups for s in g.samples), (
+            "the dead actor's groups were generated again on the other"
+        )
+    finally:
+        pool.shutdown()
+
+
+def _trainer_logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+def test_weight_sync_over_gloo_matches_the_trainer(ray_cluster, model_dir) -> None:
+    from rollout.pool import RolloutPool
+
+    trainer = tiny_model("llama", seed=99)  # different weights from the actors'
+    pool = RolloutPool(_config(model_dir), num_actors=2)
+    probe_prompt = random_prompts((6,), seed=33)[0]
+    try:
+        before = pool.probe(probe_prompt, max_tokens=12)
+        stale = _trainer_logprobs(trainer, probe_prompt, before["token_ids"])
+        assert (stale - torch.tensor(before["logprobs"])).abs().max() > 1e-2
+
+        result = pool.sync_weights(trainer.named_parameters(), version=1)
+        assert result["version"] == 1 and result["bytes"] > 0
+        for actor in (0, 1):
+            after = pool.probe(probe_prompt, max_tokens=12, actor=actor)
+            fresh = _trainer_logprobs(trainer, probe_prompt, after["token_ids"])
+            assert after["version"] == 1
+            assert (fresh - torch.tensor(after["logprobs"])).abs().max().item() < 1e-4
+
+        # Samples generated after the sync carry the new version.
+        pool.submit(probe_prompt, SamplingParams(max_tokens=5, n=2))
+        assert pool.get(timeout=60).weight_versions == (1, 1)
+
+        # A mismatched sync is refused by name and leaves the weights whole.
+        named = [(n, p) for n, p in trainer.named_parameters() if n != "lm_head.weight"]
+        named.append(("lm_head.extra", torch.zeros(3)))
+        with pytest.raises(Exception, match="lm_head"):
+            pool.sync_weights(named, version=2)
+        again = pool.probe(probe_prompt, max_tokens=12)
+        fresh = _trainer_logprobs(trainer, probe_prompt, again["token_ids"])
+        assert again["version"] == 1
+        assert (fresh - torch.tensor(again["logprobs"])).abs().max().item() < 1e-4
+    finally:
+        pool.shutdown()
