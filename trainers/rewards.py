@@ -1,0 +1,111 @@
+"""Rule-based reward functions for GRPO on math word problems, and a registry to pick them by name.
+
+Every reward follows TRL's reward-function signature, ``fn(prompts, completions, **kwargs)``,
+where ``kwargs`` carries the dataset's other columns (one value per completion). TRL logs each
+reward under the function's ``__name__``, so the names below are also the registry keys.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+RewardFunction = Callable[..., list[float]]
+
+# A number as models write it: optional minus, either comma-grouped thousands (1,234,567) or plain
+# digits, then an optional fraction. A minus counts only when no letter or digit precedes it, so
+# "5-3" reads as "5" and "3" and "COVID-19" as "19". The lookahead rejects a group like "1,2345",
+# which falls back to "1" and "2345". "12." stops before the dot: a fraction needs a digit.
+_NUMBER = r"(?<!\d)(?:(?<!\w)-)?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+_NUMBER_RE = re.compile(_NUMBER)
+_ANSWER_LINE_RE = re.compile(rf"answer\s*:\s*({_NUMBER})\s*\.?", re.IGNORECASE)
+
+
+def _normalise(number: str) -> str:
+    """Canonical text of a matched number, so string equality is numeric equality."""
+    sign = "-" if number.startswith("-") else ""
+    whole, _, fraction = number.lstrip("-").replace(",", "").partition(".")
+    whole = whole.lstrip("0") or "0"
+    fraction = fraction.rstrip("0")
+    text = f"{whole}.{fraction}" if fraction else whole
+    return "0" if text == "0" else sign + text  # "-0" and "-0.0" are zero
+
+
+def last_number(text: str) -> str | None:
+    """The last number in ``text``, normalised ("1,234" -> "1234", "2.50" -> "2.5"), or None."""
+    matches = _NUMBER_RE.findall(text)
+    return _normalise(matches[-1]) if matches else None
+
+
+def completion_text(completion: str | Sequence[dict[str, Any]]) -> str:
+    """The text of one completion: a plain string, or the content of a chat list's last message."""
+    if isinstance(completion, str):
+        return completion
+    if not completion:
+        return ""
+    content = completion[-1].get("content") or ""
+    if isinstance(content, str):
+        return content
+    # Multimodal chat content is a list of parts; only the text parts can hold an answer.
+    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+
+
+def exact_answer(
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    answer: Sequence[str],
+    **kwargs: Any,
+) -> list[float]:
+    """1.0 where the completion's last number equals the reference ``answer`` numerically, else 0.0.
+
+    ``answer`` is the dataset's answer column, one entry per completion (TRL repeats each row's
+    answer for every completion sampled from it).
+    """
+    if len(answer) != len(completions):
+        raise ValueError(
+            f"exact_answer got {len(completions)} completions but {len(answer)} answers; "
+            "the dataset's 'answer' column must have one entry per prompt"
+        )
+    rewards = []
+    for completion, reference in zip(completions, answer, strict=True):
+        expected = last_number(str(reference))
+        got = last_number(completion_text(completion))
+        rewards.append(1.0 if expected is not None and got == expected else 0.0)
+    return rewards
+
+
+def answer_format(prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
+    """1.0 if the last non-empty line is ``Answer: <number>``, 0.5 if a number appears elsewhere,
+    0.0 if the completion has no number at all."""
+    rewards = []
+    for completion in completions:
+        text = completion_text(completion)
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if lines and _ANSWER_LINE_RE.fullmatch(lines[-1]):
+            rewards.append(1.0)
+        elif last_number(text) is not None:
+            rewards.append(0.5)
+        else:
+            rewards.append(0.0)
+    return rewards
+
+
+REWARD_FUNCTIONS: dict[str, RewardFunction] = {
+    "exact_answer": exact_answer,
+    "answer_format": answer_format,
+}
+for _name, _fn in REWARD_FUNCTIONS.items():
+    assert _fn.__name__ == _name, f"reward {_fn.__name__} is registered as {_name}"
+
+
+def get_reward_functions(names: Sequence[str]) -> list[RewardFunction]:
+    """The reward functions registered under ``names``, in order (for GRPOTrainer's reward_funcs)."""
+    if not names:
+        raise ValueError(f"no reward functions given; choose from {sorted(REWARD_FUNCTIONS)}")
+    unknown = [name for name in names if name not in REWARD_FUNCTIONS]
+    if unknown:
+        raise ValueError(
+            f"unknown reward function {unknown[0]!r}; valid names are {sorted(REWARD_FUNCTIONS)}"
+        )
+    return [REWARD_FUNCTIONS[name] for name in names]
