@@ -196,10 +196,22 @@ def run_job(config: JobConfig) -> dict:
             trainer.rollout_worker.stop()
         return summary
     finally:
+        _finish_wandb()
         if pool is not None:
             pool.shutdown()
         if started_ray:
             ray.shutdown()
+
+
+def _finish_wandb() -> None:
+    """Close the W&B run TRL opened, so its files are complete and a next job starts its own."""
+    import sys
+
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish()
+    if wandb is not None and hasattr(wandb, "teardown"):
+        wandb.teardown()  # its settings (the run directory) are cached per process otherwise
 
 
 def logprob_parity(pool, model, prompt_ids: list[int], max_tokens: int = 16) -> float:
