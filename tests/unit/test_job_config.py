@@ -46,3 +46,13 @@ def test_token_budget_follows_the_step_size() -> None:
     config = load_config(None, ["trainer.prompts_per_step=2", "trainer.num_generations=4"])
     assert config.token_budget == 2 * (4 * config.trainer.max_completion_length + 128)
     assert load_config(None, ["trainer.token_budget=999"]).token_budget == 999
+
+
+def test_shipped_configs_parse() -> None:
+    from pathlib import Path
+
+    files = sorted(Path(__file__).resolve().parents[2].joinpath("configs").glob("*.yaml"))
+    assert files, "configs/ holds the recipes"
+    for path in files:
+        load_config(str(path), [])
+    assert load_config(str(files[0].parent / "default.yaml"), []) == JobConfig(output_dir="runs/default")
