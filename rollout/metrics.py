@@ -51,11 +51,10 @@ class WorkerMetrics:
         device_total = timing.total_s() if timing is not None else 0.0
         device_s, self._device_s_seen = device_total - self._device_s_seen, device_total
         host_s = sum(h for _, h in self._steps)
-        return {
+        values = {
             "tokens_per_s": sum(n for _, n in self._tokens) / span,
             "steps_per_s": steps / span,
             "cpu_ms_per_step": 1e3 * host_s / steps if steps else 0.0,
-            "gpu_busy": min(1.0, device_s / host_s) if host_s else 0.0,
             "running_sequences": float(len(scheduler.running)),
             "waiting_sequences": float(len(scheduler.waiting)),
             "kv_cache_use": 1.0 - self.engine.block_manager.num_free_blocks / blocks,
@@ -70,6 +69,9 @@ class WorkerMetrics:
             "total_tokens": float(self.total_tokens),
             "total_sequences": float(self.total_sequences),
         }
+        if self.engine.device.type == "cuda":  # device time over host step time
+            values["gpu_busy"] = min(1.0, device_s / host_s) if host_s else 0.0
+        return values
 
     def _trim(self, now: float) -> None:
         for items in (self._steps, self._tokens, self._latencies):

@@ -80,7 +80,9 @@ class RolloutPool:
 
     # ---- groups ------------------------------------------------------------------------------
 
-    def submit(self, prompt_token_ids: list[int], params: SamplingParams, metadata: dict | None = None) -> int:
+    def submit(
+        self, prompt_token_ids: list[int], params: SamplingParams, metadata: dict | None = None
+    ) -> int:
         """Queue one prompt's `params.n` samples on the least-loaded live actor; returns its id."""
         with self._lock:
             group_id = next(self._group_ids)
@@ -96,10 +98,6 @@ class RolloutPool:
         if isinstance(item, BaseException):
             raise item
         return item
-
-    def num_outstanding(self) -> int:
-        with self._lock:
-            return len(self._groups)
 
     def abort(self, group_ids: list[int]) -> None:
         """End these groups early; they are still delivered, with finish_reason "abort"."""
@@ -119,7 +117,9 @@ class RolloutPool:
     def stats(self) -> dict[int, dict[str, float]]:
         """Per live actor metrics (see rollout.metrics.WorkerMetrics)."""
         live = self._live()
-        return dict(zip(live, self._ray.get([a.stats.remote() for a in live.values()]), strict=True))
+        return dict(
+            zip(live, self._ray.get([a.stats.remote() for a in live.values()]), strict=True)
+        )
 
     def kill_actor(self, actor: int) -> None:
         """Kill one actor (fault-injection for tests and drills); its groups move elsewhere."""
@@ -133,18 +133,22 @@ class RolloutPool:
 
     # ---- weights ---------------------------------------------------------------------------
 
-    def sync_weights(self, named_tensors, version: int | None = None, backend: str = "gloo") -> dict:
+    def sync_weights(
+        self, named_tensors, version: int | None = None, backend: str = "gloo"
+    ) -> dict:
         """Broadcast the trainer's weights to every live actor (in place, at a step boundary)."""
-        import torch
 
         from rollout.weights import DEFAULT_BUCKET_BYTES, free_port, manifest_for, send_weights
 
         named = [(n, t) for n, t in named_tensors]
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-        rollout_dtype = dtype.get(self.engine_config.dtype, named[0][1].dtype)
+        from rollout.engine.model_loader import TORCH_DTYPES
+
+        rollout_dtype = TORCH_DTYPES.get(self.engine_config.dtype, named[0][1].dtype)
         manifest = manifest_for(named, rollout_dtype, DEFAULT_BUCKET_BYTES)
         live = self._live()
-        self._ray.get([a.check_weights.remote(manifest) for a in live.values()])  # raises on mismatch
+        self._ray.get(
+            [a.check_weights.remote(manifest) for a in live.values()]
+        )  # raises on mismatch
         start = time.perf_counter()
         if self._weight_members != tuple(live):  # first sync, or an actor died since the last
             from rollout.weights import WeightGroup
@@ -164,7 +168,9 @@ class RolloutPool:
         self._ray.get(receives)
         return {"seconds": time.perf_counter() - start, "bytes": sent, "version": self.version}
 
-    def probe(self, prompt_token_ids: list[int], max_tokens: int = 16, actor: int | None = None) -> dict:
+    def probe(
+        self, prompt_token_ids: list[int], max_tokens: int = 16, actor: int | None = None
+    ) -> dict:
         """One sampled completion with logprobs from an actor (for the logprob parity check)."""
         live = self._live()
         handle = live[actor] if actor is not None else next(iter(live.values()))

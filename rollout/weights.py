@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-DEFAULT_BUCKET_BYTES = 1 << 30
+from rollout.engine.model_loader import TORCH_DTYPES
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_BUCKET_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class WeightManifest:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.dtype]
+        return TORCH_DTYPES[self.dtype]
 
     def buckets(self) -> list[list[int]]:
         """Parameter indices per broadcast, in order; a tensor larger than the cap goes alone."""
@@ -49,11 +49,6 @@ class WeightManifest:
             buckets.append(current)
         return buckets
 
-    @property
-    def total_bytes(self) -> int:
-        element = torch.empty((), dtype=self.torch_dtype).element_size()
-        return sum(_numel(s) for s in self.shapes) * element
-
 
 def manifest_for(
     named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype, bucket_bytes: int
@@ -62,7 +57,7 @@ def manifest_for(
     for name, tensor in named_tensors:
         names.append(name)
         shapes.append(tuple(tensor.shape))
-    dtype_name = next(k for k, v in _DTYPES.items() if v == dtype)
+    dtype_name = next(k for k, v in TORCH_DTYPES.items() if v == dtype)
     return WeightManifest(tuple(names), tuple(shapes), dtype_name, bucket_bytes)
 
 

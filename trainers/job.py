@@ -155,7 +155,7 @@ def run_job(config: JobConfig) -> dict:
             def sampling_for(_trainer) -> SamplingParams:
                 return sampling
 
-            rollout_func = trl_adapter.make_rollout_func(pool, formatter, sampling_for, sync)
+            rollout_func = trl_adapter.make_rollout_func(pool, formatter, sampling, sync)
             args.update(
                 per_device_train_batch_size=t.prompts_per_step * t.num_generations,
                 model_init_kwargs={"dtype": t.dtype},
@@ -261,7 +261,9 @@ def attach_rollout_logging(trainer, pool, transfer) -> None:
             for key in ("tokens_per_s", "running_sequences", "preemptions", "total_tokens"):
                 logs[f"rollout/{key}"] = sum(v[key] for v in stats.values())
             for key in ("gpu_busy", "cpu_ms_per_step", "kv_cache_use", "latency_s"):
-                logs[f"rollout/{key}"] = sum(v[key] for v in stats.values()) / len(stats)
+                present = [v[key] for v in stats.values() if key in v]
+                if present:
+                    logs[f"rollout/{key}"] = sum(present) / len(present)
         if transfer.history:
             last = transfer.history[-1]
             logs["rollout/weight_sync_s"] = last["seconds"]

@@ -12,6 +12,7 @@ replaced after construction by `trainers.tree_attention`; `token_budget` is alwa
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -224,7 +225,7 @@ def build_async_trainer(
 def make_rollout_func(
     pool,
     formatter: PromptFormatter,
-    sampling_for: Callable[[Any], SamplingParams],
+    sampling: SamplingParams,
     sync: Callable[[Any], None],
 ):
     """`rollout_func` for trl.GRPOTrainer: prompts arrive repeated num_generations times in a row;
@@ -236,8 +237,7 @@ def make_rollout_func(
         groups = []
         for start in range(0, len(prompts), num_generations):
             prompt = prompts[start]
-            params = sampling_for(trainer)
-            params = SamplingParams(**{**params.__dict__, "n": num_generations})
+            params = dataclasses.replace(sampling, n=num_generations)
             groups.append(pool.submit(formatter.prompt_ids(prompt), params))
         done = {}
         while len(done) < len(groups):

@@ -34,13 +34,6 @@ class DeviceTiming:
         else:
             self._cpu_total += time.perf_counter() - start
 
-    def step_times_s(self) -> list[float]:
-        """Device seconds of each recorded step (synchronizes; benchmarks call it after a run)."""
-        if not self.cuda:
-            return []
-        torch.cuda.synchronize()
-        return [s.elapsed_time(e) / 1e3 for s, e in self._pairs]
-
     def total_s(self) -> float:
         """Device seconds of all steps whose end event has completed; never waits on the device.
         Completed pairs are folded into a running total, so long runs keep no event backlog."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -18,7 +18,7 @@ def resolve_device(name: str) -> torch.device:
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[name]
+    return TORCH_DTYPES[name]
 
 
 def load_model(path: str, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:

@@ -55,4 +55,6 @@ def test_shipped_configs_parse() -> None:
     assert files, "configs/ holds the recipes"
     for path in files:
         load_config(str(path), [])
-    assert load_config(str(files[0].parent / "default.yaml"), []) == JobConfig(output_dir="runs/default")
+    assert load_config(str(files[0].parent / "default.yaml"), []) == JobConfig(
+        output_dir="runs/default"
+    )
