@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from rollout.engine.model_loader import decoder_layers
+
 
 def compile_decoder_layers(model: torch.nn.Module) -> int:
     """Compile every decoder layer of a transformers causal LM in place; returns how many."""
@@ -21,17 +23,7 @@ def compile_decoder_layers(model: torch.nn.Module) -> int:
     # The layers share one forward but differ in small attributes (layer index); let dynamo keep
     # a compiled entry for each instead of falling back to eager after the default 8.
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 128)
-    layers = _decoder_layers(model)
+    layers = decoder_layers(model, setting="compile_model")
     for layer in layers:
         layer.compile(dynamic=True)
     return len(layers)
-
-
-def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    layers = getattr(decoder, "layers", None)
-    if layers is None:
-        raise ValueError(
-            f"cannot find the decoder layers of {type(model).__name__}; set compile_model=False"
-        )
-    return list(layers)

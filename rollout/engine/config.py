@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DEVICES = ("auto", "cpu", "cuda")
 _ATTENTION_BACKENDS = ("auto", "torch", "triton")
+_LOAD_FORMATS = ("auto", "dummy")
 
 
 @dataclass(frozen=True)
@@ -15,6 +16,9 @@ class EngineConfig:
 
     model: str = ""
     """Local path or hub id of a transformers causal LM (empty when wrapping an in-memory model)."""
+    load_format: str = "auto"
+    """"auto": the model folder's weights; "dummy": random weights from its config.json alone
+    (benchmarks and drills: no checkpoint needed, shapes and speed are real)."""
     dtype: str = "auto"
     """Weights and KV cache dtype: "auto" = bfloat16 on CUDA, float32 on CPU."""
     device: str = "auto"
@@ -38,6 +42,9 @@ class EngineConfig:
     compile_model: bool = True
     """Fuse the decoder layers' small ops (norms, rotary, activation, residuals) with
     torch.compile (CUDA only; our attention stays outside the compiled code). Adds startup time."""
+    fuse_projections: bool = True
+    """Run q/k/v and gate/up as one GEMM each (parameter names kept, as views of the fused
+    weight) for the Llama, Mistral and Qwen2/3 families; other models run unchanged."""
     attention: str = "auto"
     """Paged attention backend: "triton" on CUDA, "torch" (the reference twin) elsewhere."""
     seed: int = 0
@@ -49,6 +56,7 @@ class EngineConfig:
         _check_choice("dtype", self.dtype, _DTYPES)
         _check_choice("device", self.device, _DEVICES)
         _check_choice("attention", self.attention, _ATTENTION_BACKENDS)
+        _check_choice("load_format", self.load_format, _LOAD_FORMATS)
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):
             _check_positive_int(name, getattr(self, name))
         if self.num_kv_blocks is not None:

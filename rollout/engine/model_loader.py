@@ -21,9 +21,20 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return TORCH_DTYPES[name]
 
 
-def load_model(path: str, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
+def load_model(
+    path: str, dtype: torch.dtype, device: torch.device, load_format: str = "auto"
+) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
 
+    if load_format == "dummy":
+        try:
+            config = AutoConfig.from_pretrained(path)
+        except OSError as err:
+            raise ValueError(
+                f"load_format='dummy' needs {path!r} to hold a config.json: {err}"
+            ) from err
+        with torch.device(device):  # initialised where it runs: an 8B model in seconds
+            return AutoModelForCausalLM.from_config(config, dtype=dtype)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except OSError as err:
@@ -42,3 +53,14 @@ def load_tokenizer(path: str):
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError):
         return None
+
+
+def decoder_layers(model: torch.nn.Module, setting: str) -> list[torch.nn.Module]:
+    """The decoder layers of a transformers causal LM; `setting` names the option to turn off."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise ValueError(
+            f"cannot find the decoder layers of {type(model).__name__}; set {setting}=False"
+        )
+    return list(layers)

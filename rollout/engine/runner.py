@@ -25,6 +25,7 @@ from rollout.engine.cuda_graph import (
 )
 from rollout.engine.device_timing import DeviceTiming
 from rollout.engine.forward_context import AttentionMetadata, ForwardContext, forward_context
+from rollout.engine.fused_projections import fuse_projections
 from rollout.engine.kv_cache import KVCacheShape, allocate_kv_caches
 from rollout.engine.sampler import Sampler, SamplingTensors
 from rollout.engine.step_inputs import StepInputs
@@ -80,6 +81,8 @@ class ModelRunner:
         self.timing: DeviceTiming | None = None  # set by benchmarks: device time of each step
         self.host_wait_s = 0.0  # host time blocked in wait(): the rest of a step is CPU work
         name = register_paged_attention()
+        if config.fuse_projections:
+            fuse_projections(model)  # before compiling: dynamo traces the fused forward
         if config.compile_model and device.type == "cuda":
             compile_decoder_layers(model)
         if hasattr(model, "set_attn_implementation"):
