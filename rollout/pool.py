@@ -153,7 +153,8 @@ class RolloutPool:
         if self._weight_members != tuple(live):  # first sync, or an actor died since the last
             from rollout.weights import WeightGroup
 
-            host, port = "127.0.0.1", free_port()
+            # This node's address, which actors on other nodes of a cluster can reach too.
+            host, port = self._ray.util.get_node_ip_address(), free_port()
             joins = [
                 a.join_weight_group.remote(host, port, rank + 1, len(live) + 1, backend)
                 for rank, a in enumerate(live.values())

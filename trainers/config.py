@@ -56,8 +56,9 @@ class RolloutConfig:
         default_factory=lambda: {"max_model_len": 1024, "max_num_seqs": 64, "dtype": "float32"}
     )
     """EngineConfig fields for each actor (the model path is filled in)."""
-    weight_sync_backend: str = "gloo"
-    """"gloo" on CPU, "nccl" between GPUs."""
+    weight_sync_backend: str = "auto"
+    """"auto": "nccl" when the trainer and every actor have GPUs of their own, else "gloo" (CPU,
+    or a trainer and an actor sharing one GPU, which NCCL does not allow)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,11 @@ class JobConfig:
         if self.wandb.mode not in ("offline", "online", "disabled"):
             raise ValueError(
                 f"wandb.mode must be offline, online or disabled; got {self.wandb.mode!r}"
+            )
+        if self.rollout.weight_sync_backend not in ("auto", "gloo", "nccl"):
+            raise ValueError(
+                "rollout.weight_sync_backend must be auto, gloo or nccl; "
+                f"got {self.rollout.weight_sync_backend!r}"
             )
         for name in ("max_steps", "num_generations", "prompts_per_step", "max_completion_length"):
             if getattr(self.trainer, name) < 1:

@@ -69,6 +69,10 @@ def run_job(config: JobConfig) -> dict:
     reward_funcs = get_reward_functions(list(config.rewards))
     formatter = PromptFormatter(tokenizer)
     placement = plan_placement(config.rollout, torch.cuda.device_count())
+    if placement.trainer_device.startswith("cuda"):
+        # The trainer's "cuda" (accelerate's default device) is the current one: make it the
+        # GPU the placement left to the trainer, not the first one (an actor's).
+        torch.cuda.set_device(placement.trainer_device)
 
     started_ray = not ray.is_initialized()
     if started_ray:
@@ -89,7 +93,8 @@ def run_job(config: JobConfig) -> dict:
             **config.rollout.engine,
         )
         print(
-            f"[train_grpo] {placement.num_actors} rollout actor(s), trainer on {placement.trainer_device}"
+            f"[train_grpo] {placement.num_actors} rollout actor(s), trainer on "
+            f"{placement.trainer_device}, weight sync over {placement.weight_sync_backend}"
         )
         pool = RolloutPool(
             engine,
@@ -108,7 +113,7 @@ def run_job(config: JobConfig) -> dict:
         def parity() -> float:
             return logprob_parity(pool, trainer_holder["trainer"].model, probe_prompt)
 
-        transfer = trl_adapter.PoolWeightTransfer(pool, parity, config.rollout.weight_sync_backend)
+        transfer = trl_adapter.PoolWeightTransfer(pool, parity, placement.weight_sync_backend)
         args = dict(
             output_dir=str(out),
             max_steps=t.max_steps,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from trainers.config import RolloutConfig
@@ -12,11 +13,25 @@ class Placement:
     num_actors: int
     gpus_per_actor: float
     trainer_device: str
+    weight_sync_backend: str
+    """NCCL needs a GPU per rank: a trainer sharing its GPU with an actor syncs over gloo."""
     engine_overrides: dict = field(default_factory=dict)
     ray_init_kwargs: dict = field(default_factory=dict)
 
 
 def plan_placement(rollout: RolloutConfig, num_gpus: int) -> Placement:
+    placement = _plan(rollout, num_gpus)
+    if rollout.weight_sync_backend == "auto":
+        return placement
+    if rollout.weight_sync_backend == "nccl" and placement.weight_sync_backend != "nccl":
+        raise ValueError(
+            "rollout.weight_sync_backend=nccl needs the trainer and every actor on GPUs of their "
+            f"own; this machine has {num_gpus} GPU(s). Use auto or gloo"
+        )
+    return dataclasses.replace(placement, weight_sync_backend=rollout.weight_sync_backend)
+
+
+def _plan(rollout: RolloutConfig, num_gpus: int) -> Placement:
     """CPU: `rollout.num_actors` CPU actors. Several GPUs: the trainer takes the last one and each
     other GPU gets an actor (Ray hands out the first ones). One GPU: the trainer and one actor
     share it, the actor's engine held to half of its memory."""
@@ -25,6 +40,7 @@ def plan_placement(rollout: RolloutConfig, num_gpus: int) -> Placement:
             num_actors=max(1, rollout.num_actors),
             gpus_per_actor=0.0,
             trainer_device="cpu",
+            weight_sync_backend="gloo",
             engine_overrides={"device": "cpu"},
         )
     if num_gpus == 1:
@@ -32,6 +48,7 @@ def plan_placement(rollout: RolloutConfig, num_gpus: int) -> Placement:
             num_actors=1,
             gpus_per_actor=0.5,
             trainer_device="cuda:0",
+            weight_sync_backend="gloo",
             engine_overrides={"device": "cuda", "gpu_memory_utilization": 0.45},
             ray_init_kwargs={"num_gpus": 1},
         )
@@ -40,6 +57,7 @@ def plan_placement(rollout: RolloutConfig, num_gpus: int) -> Placement:
         num_actors=actors,
         gpus_per_actor=1.0,
         trainer_device=f"cuda:{num_gpus - 1}",
+        weight_sync_backend="nccl",
         engine_overrides={"device": "cuda"},
         ray_init_kwargs={"num_gpus": num_gpus - 1},
     )

@@ -65,16 +65,29 @@ WORKLOADS = {
 }
 
 
-def build_model(shape: dict, dtype: str, device: str):
-    """A randomly initialised transformers model of the given shape, created on `device`."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+def model_config(shape: dict):
+    """The transformers config of a preset shape (no weights)."""
+    from transformers import LlamaConfig, Qwen2Config
 
     shape = dict(shape)
     config_class = {"llama": LlamaConfig, "qwen2": Qwen2Config}[shape.pop("arch")]
-    config = config_class(
+    return config_class(
         **shape, max_position_embeddings=32768, bos_token_id=None, eos_token_id=None
     )
+
+
+def write_model_config(shape: dict, folder) -> str:
+    """A model folder holding only config.json: engines load it with load_format="dummy"."""
+    model_config(shape).save_pretrained(folder)
+    return str(folder)
+
+
+def build_model(shape: dict, dtype: str, device: str):
+    """A randomly initialised transformers model of the given shape, created on `device`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = model_config(shape)
     torch_dtype = getattr(torch, dtype)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)

@@ -34,7 +34,7 @@ class LLMEngine:
             raise ValueError("EngineConfig.model is empty: give a model path or hub id")
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device)
-        model = load_model(config.model, dtype, device)
+        model = load_model(config.model, dtype, device, config.load_format)
         self._setup(model, config, load_tokenizer(config.model), device, dtype)
 
     @classmethod

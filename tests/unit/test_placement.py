@@ -1,0 +1,35 @@
+"""Where the trainer and the actors go, and which backend syncs the weights, per GPU count."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainers.config import RolloutConfig
+from trainers.placement import plan_placement
+
+
+def test_cpu_uses_cpu_actors_and_gloo() -> None:
+    p = plan_placement(RolloutConfig(num_actors=2), num_gpus=0)
+    assert (p.num_actors, p.gpus_per_actor, p.trainer_device) == (2, 0.0, "cpu")
+    assert p.weight_sync_backend == "gloo"
+
+
+def test_one_gpu_is_shared_and_syncs_over_gloo() -> None:
+    p = plan_placement(RolloutConfig(), num_gpus=1)
+    assert (p.num_actors, p.gpus_per_actor, p.trainer_device) == (1, 0.5, "cuda:0")
+    assert p.engine_overrides["gpu_memory_utilization"] < 0.5
+    assert p.weight_sync_backend == "gloo", "NCCL refuses two ranks on one GPU"
+
+
+def test_several_gpus_give_the_trainer_the_last_and_nccl() -> None:
+    p = plan_placement(RolloutConfig(num_actors=0), num_gpus=8)
+    assert (p.num_actors, p.gpus_per_actor, p.trainer_device) == (7, 1.0, "cuda:7")
+    assert p.weight_sync_backend == "nccl"
+    assert plan_placement(RolloutConfig(num_actors=3), num_gpus=8).num_actors == 3
+
+
+def test_explicit_nccl_without_own_gpus_is_an_error_that_says_what_to_use() -> None:
+    with pytest.raises(ValueError, match="auto or gloo"):
+        plan_placement(RolloutConfig(weight_sync_backend="nccl"), num_gpus=1)
+    forced = plan_placement(RolloutConfig(weight_sync_backend="gloo"), num_gpus=2)
+    assert forced.weight_sync_backend == "gloo"
