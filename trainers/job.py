@@ -189,8 +189,10 @@ def run_job(config: JobConfig) -> dict:
             "reward_mean_first": rewards.mean_at(first=True),
             "reward_mean_last": rewards.mean_at(first=False),
             "weight_syncs": len(transfer.history),
+            "weight_sync_backend": placement.weight_sync_backend,
             "weight_sync_seconds": [round(h["seconds"], 3) for h in transfer.history],
             "logprob_max_abs_diff": [h.get("logprob_max_abs_diff") for h in transfer.history],
+            "step_time_split_s": step_time_split(trainer.state.log_history),
             "wandb_dir": str(out / "wandb"),
             "mode": t.mode,
             "num_actors": placement.num_actors,
@@ -247,6 +249,29 @@ def logprob_parity(pool, model, prompt_ids: list[int], max_tokens: int = 16) -> 
         1, torch.tensor(tokens, device=device)[:, None]
     )[:, 0]
     return float((expected.cpu() - torch.tensor(probe["logprobs"])).abs().max())
+
+
+# TRL's streaming trainer logs where each optimizer step's wall time went.
+_STEP_PARTS = {
+    "step": "perf/step_s",
+    "rollout_wait": "perf/rollout_wait_s",
+    "train_fwd_bwd": "perf/fwd_bwd_s",
+    "optimizer": "perf/optimizer_s",
+    "weight_sync": "perf/weight_sync_s",
+}
+
+
+def step_time_split(log_history: list[dict]) -> dict[str, float] | None:
+    """Median seconds per step: whole step, waiting for rollouts, training, weight sync (None in
+    sync mode, whose trainer does not log these)."""
+    import statistics
+
+    split = {}
+    for part, key in _STEP_PARTS.items():
+        values = [entry[key] for entry in log_history if key in entry]
+        if values:
+            split[part] = round(statistics.median(values), 4)
+    return split or None
 
 
 def attach_rollout_logging(trainer, pool, transfer) -> None:

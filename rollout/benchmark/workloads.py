@@ -26,6 +26,17 @@ QWEN25_05B = dict(
     rope_theta=1000000.0,
     tie_word_embeddings=True,
 )
+QWEN25_15B = dict(
+    arch="qwen2",
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    rope_theta=1000000.0,
+    tie_word_embeddings=True,
+)
 TINY = dict(
     arch="llama",
     hidden_size=64,
@@ -54,6 +65,13 @@ class Workload:
     def max_model_len(self) -> int:
         return self.prompt_len + self.new_tokens + 16
 
+
+SHAPES = {
+    "llama-3-8b": LLAMA3_8B,
+    "qwen2.5-0.5b": QWEN25_05B,
+    "qwen2.5-1.5b": QWEN25_15B,
+    "tiny": TINY,
+}
 
 WORKLOADS = {
     "w1": Workload("w1", LLAMA3_8B, 32, 256, 2048),

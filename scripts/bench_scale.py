@@ -1,0 +1,234 @@
+"""Scale-out benchmark: rollout throughput through the RolloutPool at 1, 2, 4 ... Ray actors, and
+the time to sync a model's weights from a trainer process to all of them.
+
+    python scripts/bench_scale.py --workload w1 --actors 1,2 --json-out out/scale.json   # GPUs
+    python scripts/bench_scale.py --smoke                                                # CPU
+
+Each actor owns one GPU (CPU: one CPU actor each) and gets the workload's whole request mix, so
+N actors generate N times the tokens of one (weak scaling); efficiency = tokens/s at N actors /
+(N x tokens/s at 1 actor). Weights are random (load_format="dummy" from a config.json written
+here), EOS is ignored, every sample streams back through the pool as it finishes.
+
+Weight sync: the trainer side holds the same model in this process (on the last GPU, which no
+actor uses: only actor counts below the GPU count are synced) and broadcasts it over NCCL (gloo
+on CPU) with `RolloutPool.sync_weights`, `--sync-repeats` times; the first sync also builds the
+process group and is reported apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def run_throughput(pool, workload, num_actors: int, prompts: list[list[int]]) -> dict:
+    from rollout import SamplingParams
+
+    params = SamplingParams(max_tokens=workload.new_tokens, temperature=1.0, ignore_eos=True)
+    # Warm-up on every actor: kernels compiled, decode graphs captured, before the clock starts.
+    warm = SamplingParams(max_tokens=8, ignore_eos=True)
+    for _ in range(num_actors * 2):
+        pool.submit(prompts[0], warm)
+    for _ in range(num_actors * 2):
+        pool.get(timeout=1800)
+    total = num_actors * len(prompts)
+    start = time.perf_counter()
+    for _ in range(num_actors):  # least-loaded dispatch hands each actor one full request mix
+        for prompt in prompts:
+            pool.submit(prompt, params)
+    tokens, per_actor, last_report = 0, {}, start
+    for _ in range(total):
+        group = pool.get(timeout=3600)
+        for sample in group.samples:
+            if sample.error:
+                raise RuntimeError(f"actor {sample.actor}: {sample.error}")
+            tokens += len(sample.token_ids)
+            per_actor[sample.actor] = per_actor.get(sample.actor, 0) + len(sample.token_ids)
+        if time.perf_counter() - last_report > 60:
+            last_report = time.perf_counter()
+            print(f"[scale]   ... {last_report - start:.0f} s, {tokens:,} tokens", flush=True)
+    wall = time.perf_counter() - start
+    stats = pool.stats()
+    return {
+        "actors": num_actors,
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "tokens_per_actor": {str(k): v for k, v in sorted(per_actor.items())},
+        "gpu_busy_per_actor": [s.get("gpu_busy") for s in stats.values()],
+    }
+
+
+def run_weight_sync(pool, workload, repeats: int, device: str) -> dict:
+    import torch
+
+    from rollout.benchmark.workloads import build_model
+
+    model = build_model(workload.model, workload.dtype, device)  # the "trainer's" copy
+    named = list(model.named_parameters())
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    times = []
+    for _ in range(repeats + 1):
+        pool.pause()
+        result = pool.sync_weights(named, backend=backend)
+        pool.resume()
+        times.append(result["seconds"])
+    gib = result["bytes"] / 2**30
+    del model, named
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return {
+        "backend": backend,
+        "gib": gib,
+        "first_sync_s": times[0],
+        "sync_s": times[1:],
+        "median_sync_s": statistics.median(times[1:]),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--workload", default="w1", help="a bench_rollout.py workload")
+    parser.add_argument("--smoke", action="store_true", help="tiny model, CPU actors")
+    parser.add_argument("--actors", default="1,2", help="comma-separated actor counts")
+    parser.add_argument("--sync-repeats", type=int, default=3, help="0: no weight-sync timing")
+    parser.add_argument("--no-throughput", action="store_true", help="weight sync only")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--json-out", default="")
+    args = parser.parse_args(argv)
+
+    import ray
+    import torch
+
+    from rollout import EngineConfig
+    from rollout.benchmark.workloads import WORKLOADS, write_model_config
+    from rollout.pool import RolloutPool
+
+    name = "smoke" if args.smoke else args.workload
+    if name not in WORKLOADS:
+        raise SystemExit(f"unknown workload {name!r}; choose from {sorted(WORKLOADS)}")
+    workload = WORKLOADS[name]
+    num_gpus = torch.cuda.device_count() if workload.device == "cuda" else 0
+    counts = [int(c) for c in args.actors.split(",") if c]
+    if workload.device == "cuda" and max(counts) > num_gpus:
+        raise SystemExit(f"--actors {args.actors} needs {max(counts)} GPUs; {num_gpus} visible")
+    g = torch.Generator().manual_seed(0)
+    vocab = min(16000, workload.model["vocab_size"])
+    prompts = [
+        torch.randint(0, vocab, (workload.prompt_len,), generator=g).tolist()
+        for _ in range(workload.num_requests)
+    ]
+    folder = write_model_config(workload.model, tempfile.mkdtemp(prefix="bench-scale-"))
+    engine = EngineConfig(
+        model=folder,
+        load_format="dummy",
+        device=workload.device,
+        dtype=workload.dtype,
+        max_model_len=workload.max_model_len,
+        max_num_seqs=workload.num_requests,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        **workload.engine,
+    )
+    report = {
+        "workload": name,
+        "device": torch.cuda.get_device_name() if num_gpus else "cpu",
+        "gpus": num_gpus,
+        "date": datetime.date.today().isoformat(),
+        "commit": os.environ.get("ROLLOUT_COMMIT") or _git_commit(),
+        "command": " ".join(sys.argv),
+        "runs": [],
+    }
+    for n in counts:
+        print(f"[scale] {name}: {n} actor(s) ...", flush=True)
+        sync = args.sync_repeats > 0 and (num_gpus == 0 or n < num_gpus)
+        # With a sync to time, Ray gets all GPUs but the last (the trainer's): Ray numbers the
+        # GPUs it is given from 0, so no actor can land on the trainer's.
+        ray.init(
+            num_gpus=num_gpus - 1 if sync and num_gpus else num_gpus,
+            include_dashboard=False,
+            configure_logging=False,
+        )
+        pool = RolloutPool(engine, n, num_gpus_per_actor=1.0 if num_gpus else 0.0)
+        try:
+            run: dict = {"actors": n}
+            if not args.no_throughput:
+                run = run_throughput(pool, workload, n, prompts)
+            if sync:
+                trainer_device = f"cuda:{num_gpus - 1}" if num_gpus else "cpu"
+                if num_gpus:
+                    torch.cuda.set_device(trainer_device)
+                run["weight_sync"] = run_weight_sync(
+                    pool, workload, args.sync_repeats, trainer_device
+                )
+            report["runs"].append(run)
+        finally:
+            pool.shutdown()
+            ray.shutdown()
+        _print_run(report["runs"][-1])
+        _finish(report, args.json_out)
+    _print_table(report)
+
+
+def _finish(report: dict, json_out: str) -> None:
+    base = next((r for r in report["runs"] if r.get("actors") == 1 and "tokens_per_s" in r), None)
+    for r in report["runs"]:
+        if base is not None and "tokens_per_s" in r:
+            r["efficiency"] = r["tokens_per_s"] / (r["actors"] * base["tokens_per_s"])
+    if json_out:
+        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_out).write_text(json.dumps(report, indent=1))
+
+
+def _git_commit() -> str:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        )
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def _print_run(r: dict) -> None:
+    parts = [f"[scale]   {r['actors']} actor(s):"]
+    if "tokens_per_s" in r:
+        parts.append(f"{r['tokens_per_s']:,.0f} tok/s over {r['wall_s']:.1f} s")
+    if "weight_sync" in r:
+        w = r["weight_sync"]
+        parts.append(
+            f"sync {w['gib']:.1f} GiB: {w['median_sync_s']:.3f} s (first {w['first_sync_s']:.2f} s)"
+        )
+    print(" ".join(parts), flush=True)
+
+
+def _print_table(report: dict) -> None:
+    print(
+        f"\n{report['workload']} on {report['device']} (commit {report['commit']}, {report['date']})"
+    )
+    print("| actors | tok/s | efficiency | weight sync (median) | first sync |")
+    print("|---|---|---|---|---|")
+    for r in report["runs"]:
+        w = r.get("weight_sync", {})
+        tps = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "-"
+        eff = f"{r['efficiency']:.3f}" if "efficiency" in r else "-"
+        sync = f"{w['median_sync_s']:.3f} s" if w else "-"
+        first = f"{w['first_sync_s']:.2f} s" if w else "-"
+        print(f"| {r['actors']} | {tps} | {eff} | {sync} | {first} |")
+
+
+if __name__ == "__main__":
+    main()
