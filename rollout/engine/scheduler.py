@@ -2,7 +2,8 @@
 
 Each step gets a token budget. Running sequences go first, oldest first (a decode costs one token, an
 unfinished prefill continues with a chunk); waiting sequences are then admitted in arrival order
-while the budget, the sequence cap and the free blocks allow. When a running sequence cannot get a
+while the budget, the sequence cap and the free blocks allow (a sequence is admitted only when all
+of its tokens fit, with one block of headroom per running sequence). When a running sequence cannot get a
 block, the newest running sequence not yet in this step is preempted (its blocks freed, recomputed
 later); if none is left, the sequence preempts itself. Since every admitted sequence fits alone in
 the cache, the oldest one always progresses: no deadlock.
@@ -134,9 +135,15 @@ class Scheduler:
             ):
                 break
             num_new = min(seq.num_tokens, budget)
-            needed = self.block_manager.num_new_blocks_needed(seq.block_table, 0, num_new)
-            if needed > self.block_manager.num_free_blocks:
+            bm = self.block_manager
+            # Admit only what fits whole (every chunk of its prompt, or of its recompute after a
+            # preemption) with a block of growth left for each running sequence. Otherwise a
+            # recompute admitted into a full cache is preempted again a few steps later, its
+            # prefill thrown away, over and over: the cache churns and nothing finishes.
+            whole = bm.num_new_blocks_needed(seq.block_table, 0, seq.num_tokens)
+            if whole + len(self.running) > bm.num_free_blocks:
                 break
+            needed = bm.num_new_blocks_needed(seq.block_table, 0, num_new)
             self.waiting.pop(0)
             seq.status = Status.RUNNING
             seq.table_row = self._free_rows.pop()
