@@ -8,6 +8,7 @@ boundary and every request sees a consistent engine.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -143,6 +144,11 @@ class RolloutWorker:
 
     def ping(self) -> int:
         return self.worker_id
+
+    def gpu_ids(self) -> list[str]:
+        """The physical GPUs this process sees (Ray sets CUDA_VISIBLE_DEVICES for GPU actors)."""
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        return [d for d in visible.split(",") if d]
 
     def shutdown(self) -> None:
         self._stopping = True

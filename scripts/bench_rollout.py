@@ -305,12 +305,16 @@ def _write_report(args, name: str, workload, runs: list[dict]) -> dict:
 
 
 def _commit() -> str:
+    # The GPU machine gets a copy of the working tree, whose .git (if any) may be stale: a commit
+    # passed in ROLLOUT_COMMIT wins.
+    if os.environ.get("ROLLOUT_COMMIT"):
+        return os.environ["ROLLOUT_COMMIT"]
     try:
         return subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("ROLLOUT_COMMIT", "unknown")
+        return "unknown"
 
 
 def _fmt(value, spec: str) -> str:

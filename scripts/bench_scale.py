@@ -9,8 +9,8 @@ N actors generate N times the tokens of one (weak scaling); efficiency = tokens/
 (N x tokens/s at 1 actor). Weights are random (load_format="dummy" from a config.json written
 here), EOS is ignored, every sample streams back through the pool as it finishes.
 
-Weight sync: the trainer side holds the same model in this process (on the last GPU, which no
-actor uses: only actor counts below the GPU count are synced) and broadcasts it over NCCL (gloo
+Weight sync: the trainer side holds the same model in this process (on GPU 0, which no actor
+uses: only actor counts below the GPU count are synced) and broadcasts it over NCCL (gloo
 on CPU) with `RolloutPool.sync_weights`, `--sync-repeats` times; the first sync also builds the
 process group and is reported apart.
 """
@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     from rollout import EngineConfig
     from rollout.benchmark.workloads import WORKLOADS, write_model_config
     from rollout.pool import RolloutPool
+    from trainers.placement import ray_visible_devices
 
     name = "smoke" if args.smoke else args.workload
     if name not in WORKLOADS:
@@ -153,22 +154,28 @@ def main(argv: list[str] | None = None) -> None:
     for n in counts:
         print(f"[scale] {name}: {n} actor(s) ...", flush=True)
         sync = args.sync_repeats > 0 and (num_gpus == 0 or n < num_gpus)
-        # With a sync to time, Ray gets all GPUs but the last (the trainer's): Ray numbers the
-        # GPUs it is given from 0, so no actor can land on the trainer's.
+        # With a sync to time, the trainer keeps GPU 0 and Ray is started seeing only the others.
+        before = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if sync and num_gpus:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ray_visible_devices(
+                list(range(1, num_gpus)), os.environ
+            )
         ray.init(
             num_gpus=num_gpus - 1 if sync and num_gpus else num_gpus,
             include_dashboard=False,
             configure_logging=False,
         )
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
         pool = RolloutPool(engine, n, num_gpus_per_actor=1.0 if num_gpus else 0.0)
         try:
             run: dict = {"actors": n}
             if not args.no_throughput:
                 run = run_throughput(pool, workload, n, prompts)
             if sync:
-                trainer_device = f"cuda:{num_gpus - 1}" if num_gpus else "cpu"
-                if num_gpus:
-                    torch.cuda.set_device(trainer_device)
+                trainer_device = "cuda:0" if num_gpus else "cpu"
                 run["weight_sync"] = run_weight_sync(
                     pool, workload, args.sync_repeats, trainer_device
                 )

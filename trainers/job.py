@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -69,21 +70,21 @@ def run_job(config: JobConfig) -> dict:
     reward_funcs = get_reward_functions(list(config.rewards))
     formatter = PromptFormatter(tokenizer)
     placement = plan_placement(config.rollout, torch.cuda.device_count())
-    if placement.trainer_device.startswith("cuda"):
-        # The trainer's "cuda" (accelerate's default device) is the current one: make it the
-        # GPU the placement left to the trainer, not the first one (an actor's).
-        torch.cuda.set_device(placement.trainer_device)
 
     started_ray = not ray.is_initialized()
     if started_ray:
-        ray.init(
-            address=config.ray_address,
-            ignore_reinit_error=True,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-            **placement.ray_init_kwargs,
-        )
+        # Joining a running cluster (`ray job submit`, ray_address): its resources are set by
+        # `ray start`. Starting one here: Ray gets the actors' GPUs only, the trainer keeps cuda:0.
+        joining = bool(config.ray_address or os.environ.get("RAY_ADDRESS"))
+        with _ray_sees(None if joining else placement.ray_gpus):
+            ray.init(
+                address=config.ray_address,
+                ignore_reinit_error=True,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+                **({} if joining else placement.ray_init_kwargs),
+            )
     pool = None
     try:
         engine = EngineConfig(
@@ -208,6 +209,26 @@ def run_job(config: JobConfig) -> dict:
             pool.shutdown()
         if started_ray:
             ray.shutdown()
+
+
+@contextlib.contextmanager
+def _ray_sees(gpus: list[int] | None):
+    """CUDA_VISIBLE_DEVICES = `gpus` while Ray starts (its node process inherits it and hands
+    out only those), then back as it was for this process."""
+    if gpus is None:
+        yield
+        return
+    from trainers.placement import ray_visible_devices
+
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ray_visible_devices(gpus, os.environ)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
 def _finish_wandb() -> None:

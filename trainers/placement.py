@@ -17,6 +17,9 @@ class Placement:
     """NCCL needs a GPU per rank: a trainer sharing its GPU with an actor syncs over gloo."""
     engine_overrides: dict = field(default_factory=dict)
     ray_init_kwargs: dict = field(default_factory=dict)
+    """For a Ray started here (ignored when joining a running cluster)."""
+    ray_gpus: list[int] | None = None
+    """This process's GPU indices that a Ray started here may hand to actors (None: all)."""
 
 
 def plan_placement(rollout: RolloutConfig, num_gpus: int) -> Placement:
@@ -32,9 +35,9 @@ def plan_placement(rollout: RolloutConfig, num_gpus: int) -> Placement:
 
 
 def _plan(rollout: RolloutConfig, num_gpus: int) -> Placement:
-    """CPU: `rollout.num_actors` CPU actors. Several GPUs: the trainer takes the last one and each
-    other GPU gets an actor (Ray hands out the first ones). One GPU: the trainer and one actor
-    share it, the actor's engine held to half of its memory."""
+    """CPU: `rollout.num_actors` CPU actors. Several GPUs: the trainer takes the first (where
+    transformers' Trainer puts a single-process run) and each other GPU gets an actor. One GPU:
+    the trainer and one actor share it, the actor's engine held to half of its memory."""
     if num_gpus == 0:
         return Placement(
             num_actors=max(1, rollout.num_actors),
@@ -56,8 +59,18 @@ def _plan(rollout: RolloutConfig, num_gpus: int) -> Placement:
     return Placement(
         num_actors=actors,
         gpus_per_actor=1.0,
-        trainer_device=f"cuda:{num_gpus - 1}",
+        trainer_device="cuda:0",
         weight_sync_backend="nccl",
+        ray_gpus=list(range(1, num_gpus)),
         engine_overrides={"device": "cuda"},
         ray_init_kwargs={"num_gpus": num_gpus - 1},
     )
+
+
+def ray_visible_devices(gpus: list[int], environ: dict[str, str]) -> str:
+    """CUDA_VISIBLE_DEVICES for a Ray started here that should hand out only `gpus` (indices as
+    this process sees them, mapped through any CUDA_VISIBLE_DEVICES it already has): Ray then
+    numbers and assigns exactly those devices."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    physical = visible.split(",") if visible else None
+    return ",".join(physical[i] if physical else str(i) for i in gpus)

@@ -204,7 +204,7 @@ def build_async_trainer(
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
     from trl.experimental.async_grpo import async_grpo_trainer as trainer_module
 
-    config = AsyncGRPOConfig(**args)
+    config = _one_trainer_gpu(AsyncGRPOConfig(**args))
     if not torch.cuda.is_available():
         # Feeds only the MFU metric and asks for a CUDA device: meaningless on CPU.
         trainer_module.get_peak_flops_per_device = lambda *a, **k: float("inf")  # MFU reads 0
@@ -260,8 +260,19 @@ def build_sync_trainer(model_path: str, tokenizer, dataset, reward_funcs, rollou
     return GRPOTrainer(
         model=model_path,
         reward_funcs=reward_funcs,
-        args=GRPOConfig(**args),
+        args=_one_trainer_gpu(GRPOConfig(**args)),
         train_dataset=dataset,
         processing_class=tokenizer,
         rollout_func=rollout_func,
     )
+
+
+def _one_trainer_gpu(config):
+    """Train on cuda:0 alone. transformers' Trainer wraps the model in DataParallel over every
+    visible GPU of a single process; the other GPUs belong to the rollout actors."""
+    import torch
+
+    if torch.cuda.device_count() > 1 and not config.use_cpu:
+        _ = config.device  # resolves the device (and the GPU count, which we then override)
+        config._n_gpu = 1
+    return config

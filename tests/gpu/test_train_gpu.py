@@ -2,7 +2,7 @@
 `.devkit` for ray/trl/datasets).
 
 On one GPU the trainer and one actor share it (weights over gloo); with two or more GPUs the
-trainer takes the last and an actor the first (weights over NCCL). Run the file once with
+trainer takes the first and an actor the next (weights over NCCL). Run the file once with
 `CUDA_VISIBLE_DEVICES=0` and once with two GPUs to cover both placements.
 """
 
@@ -70,17 +70,19 @@ def test_three_grpo_steps_with_an_actor_on_the_gpu(tmp_path, model_dir, dataset_
 def test_nccl_sync_to_an_actor_on_another_gpu(model_dir) -> None:
     from rollout import EngineConfig
     from rollout.pool import RolloutPool
-    from trainers.job import logprob_parity
+    from trainers.job import _ray_sees, logprob_parity
 
-    ray.init(num_gpus=1, include_dashboard=False, configure_logging=False)  # GPU 0: the actor
+    with _ray_sees([1]):  # the actor on GPU 1, the trainer keeps GPU 0 (as the job places them)
+        ray.init(num_gpus=1, include_dashboard=False, configure_logging=False)
     pool = None
     try:
         engine = EngineConfig(
             model=model_dir, device="cuda", dtype="float32", max_model_len=64, compile_model=False
         )
         pool = RolloutPool(engine, 1, num_gpus_per_actor=1.0)
-        torch.cuda.set_device(1)  # the trainer's GPU
-        trainer_model = tiny_model("llama", seed=11).to("cuda:1")  # other weights than the actor's
+        trainer_model = tiny_model("llama", seed=11).to("cuda:0")  # other weights than the actor's
+        assert pool.probe([1, 2], max_tokens=1)["token_ids"], "the actor answers"
+        assert ray.get(pool.actors[0].gpu_ids.remote()) == ["1"], "the actor is on GPU 1"
         prompt = [5, 17, 33, 8]
         assert logprob_parity(pool, trainer_model, prompt) > 1e-2, "different weights differ"
         for _ in range(2):  # the second sync reuses the group

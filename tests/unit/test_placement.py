@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainers.config import RolloutConfig
-from trainers.placement import plan_placement
+from trainers.placement import plan_placement, ray_visible_devices
 
 
 def test_cpu_uses_cpu_actors_and_gloo() -> None:
@@ -21,9 +21,10 @@ def test_one_gpu_is_shared_and_syncs_over_gloo() -> None:
     assert p.weight_sync_backend == "gloo", "NCCL refuses two ranks on one GPU"
 
 
-def test_several_gpus_give_the_trainer_the_last_and_nccl() -> None:
+def test_several_gpus_give_the_trainer_the_first_and_nccl() -> None:
     p = plan_placement(RolloutConfig(num_actors=0), num_gpus=8)
-    assert (p.num_actors, p.gpus_per_actor, p.trainer_device) == (7, 1.0, "cuda:7")
+    assert (p.num_actors, p.gpus_per_actor, p.trainer_device) == (7, 1.0, "cuda:0")
+    assert p.ray_gpus == [1, 2, 3, 4, 5, 6, 7] and p.ray_init_kwargs == {"num_gpus": 7}
     assert p.weight_sync_backend == "nccl"
     assert plan_placement(RolloutConfig(num_actors=3), num_gpus=8).num_actors == 3
 
@@ -33,3 +34,8 @@ def test_explicit_nccl_without_own_gpus_is_an_error_that_says_what_to_use() -> N
         plan_placement(RolloutConfig(weight_sync_backend="nccl"), num_gpus=1)
     forced = plan_placement(RolloutConfig(weight_sync_backend="gloo"), num_gpus=2)
     assert forced.weight_sync_backend == "gloo"
+
+
+def test_ray_visible_devices_map_through_an_existing_mask() -> None:
+    assert ray_visible_devices([1, 2], {}) == "1,2"
+    assert ray_visible_devices([1, 2], {"CUDA_VISIBLE_DEVICES": "4,5,6"}) == "5,6"

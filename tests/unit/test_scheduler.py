@@ -723,7 +723,6 @@ def test_property_tight_pool_preempts_and_finishes(overlap, seed, n, num_request
     assert all(len(h.results[(f"r{i}", j)].token_ids) == 7 for i in range(2) for j in range(n))
 
 
-
 @pytest.mark.parametrize("overlap", [False, True])
 def test_full_cache_does_not_churn_recomputes(overlap):
     # The `long` benchmark in miniature: equal sequences outgrow the cache together, and a
