@@ -46,6 +46,7 @@ class RolloutPool:
         num_gpus_per_actor: float = 0.0,
         num_cpus_per_actor: float = 1.0,
         poll_timeout_s: float = 0.2,
+        start_timeout_s: float = 1800.0,
     ) -> None:
         import ray
 
@@ -64,7 +65,17 @@ class RolloutPool:
                 num_cpus=num_cpus_per_actor,
                 max_concurrency=8,  # poll blocks in one thread while submit/stats run in others
             ).remote(engine_config.__dict__, i)
-        ray.get([a.ping.remote() for a in self.actors.values()])  # engines loaded
+        try:  # engines loaded (a model from disk can take minutes; never wait forever)
+            ray.get([a.ping.remote() for a in self.actors.values()], timeout=start_timeout_s)
+        except ray.exceptions.GetTimeoutError as err:
+            for a in self.actors.values():
+                ray.kill(a, no_restart=True)
+            raise RuntimeError(
+                f"{num_actors} rollout actor(s) were not up after {start_timeout_s:.0f} s "
+                f"(each asks for {num_gpus_per_actor} GPU, {num_cpus_per_actor} CPU; Ray has "
+                f"{ray.available_resources()} free). Check the cluster's resources, or raise "
+                "start_timeout_s for a large model"
+            ) from err
         self.dead: dict[int, str] = {}
         self.version = 0
         self._groups: dict[int, _Group] = {}

@@ -106,7 +106,11 @@ class WeightGroup:
         if backend == "gloo":
             self.group = torch.distributed.ProcessGroupGloo(self.store, rank, world_size, timeout)
         elif backend == "nccl":
-            self.group = torch.distributed.ProcessGroupNCCL(self.store, rank, world_size)
+            # With a timeout, a sync that cannot proceed fails (NCCL's watchdog aborts it)
+            # instead of hanging both sides for good.
+            options = torch.distributed.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.group = torch.distributed.ProcessGroupNCCL(self.store, rank, world_size, options)
         else:
             raise ValueError(f"weight sync backend must be 'gloo' or 'nccl'; got {backend!r}")
 

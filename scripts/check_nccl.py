@@ -1,0 +1,126 @@
+"""Diagnose the trainer -> actor NCCL weight sync on a machine with two or more GPUs.
+
+    NCCL_DEBUG=WARN python scripts/check_nccl.py [--gib 1] [--timeout-s 90]
+
+Runs a broadcast through our `WeightGroup` between two processes in each GPU-visibility layout
+the job can produce, then checks that a Ray actor started with `_ray_sees([1])` lands on GPU 1:
+
+  all-visible   both processes see every GPU (rank r uses cuda:r): torchrun's layout
+  asymmetric    the trainer sees every GPU and uses cuda:0; the actor sees only GPU 1 (the job's
+                layout: Ray sets the actor's CUDA_VISIBLE_DEVICES)
+  one-each      the trainer sees only GPU 0, the actor only GPU 1
+
+Each case prints ok with the time per broadcast and GB/s, an error, or "hang" (killed after
+--timeout-s). Nothing here is needed to use the project; it narrows down a sync that fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+LAYOUTS = {
+    "all-visible": (("0,1", 0), ("0,1", 1)),
+    "asymmetric": (("0,1", 0), ("1", 0)),
+    "one-each": (("0", 0), ("1", 0)),
+}
+
+
+def _rank(rank: int, visible: str, device: int, port: int, gib: float, timeout_s: float, out):
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible  # before CUDA starts in this process
+    try:
+        import torch
+
+        from rollout.weights import WeightGroup
+
+        torch.cuda.set_device(device)
+        group = WeightGroup("127.0.0.1", port, rank, 2, "nccl", timeout_s=timeout_s)
+        numel = int(gib * 2**30 / 2)
+        flat = torch.full((numel,), 1.0 if rank == 0 else 0.0, dtype=torch.bfloat16, device="cuda")
+        times = []
+        for _ in range(3):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            group.broadcast(flat)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        ok = bool((flat == 1.0).all())
+        out.put((rank, "ok" if ok else "wrong values", min(times)))
+    except Exception as err:  # noqa: BLE001 - reported, not raised: the other cases still run
+        out.put((rank, f"{type(err).__name__}: {err}", None))
+
+
+def check_layout(name: str, gib: float, timeout_s: float) -> str:
+    from rollout.weights import free_port
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_rank, args=(r, visible, device, port, gib, timeout_s, out))
+        for r, (visible, device) in enumerate(LAYOUTS[name])
+    ]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s + 30
+    for p in procs:
+        p.join(max(1.0, deadline - time.monotonic()))
+    if any(p.is_alive() for p in procs):
+        for p in procs:
+            p.kill()
+        return "hang"
+    results = []
+    while not out.empty():
+        results.append(out.get())
+    results.sort()
+    if len(results) < len(procs):  # a rank died without reporting (NCCL's watchdog, a crash)
+        codes = [p.exitcode for p in procs]
+        return f"rank(s) exited without a result (exit codes {codes}); reported: {results}"
+    status = {status for _, status, _ in results}
+    if status != {"ok"}:
+        return "; ".join(f"rank {r}: {s}" for r, s, _ in results)
+    seconds = max(t for _, _, t in results)
+    return f"ok: {seconds * 1e3:.1f} ms per {gib:g} GiB broadcast ({gib * 2**30 / seconds / 1e9:.0f} GB/s)"
+
+
+def check_ray_placement() -> str:
+    import ray
+
+    from trainers.job import _ray_sees
+
+    with _ray_sees([1]):
+        ray.init(num_gpus=1, include_dashboard=False, configure_logging=False)
+    try:
+
+        @ray.remote(num_gpus=1)
+        def visible() -> str:
+            return os.environ.get("CUDA_VISIBLE_DEVICES", "")
+
+        return (
+            f"actor sees CUDA_VISIBLE_DEVICES={ray.get(visible.remote(), timeout=60)!r} (want '1')"
+        )
+    except Exception as err:  # noqa: BLE001
+        return f"{type(err).__name__}: {err}"
+    finally:
+        ray.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--gib", type=float, default=1.0)
+    parser.add_argument("--timeout-s", type=float, default=90.0)
+    parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    args = parser.parse_args()
+    for name in args.layouts.split(","):
+        print(f"[nccl] {name}: {check_layout(name, args.gib, args.timeout_s)}", flush=True)
+    print(f"[nccl] ray placement: {check_ray_placement()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
