@@ -71,6 +71,26 @@ def arch(request) -> str:
     return request.param
 
 
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory) -> str:
+    """A saved tiny Llama (EOS = w2) with the word tokenizer: a policy the GRPO job can load."""
+    path = tmp_path_factory.mktemp("tiny-policy")
+    tiny_model("llama", seed=5, eos_token_id=EOS).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory) -> str:
+    """A JSONL dataset of 12 word prompts with answers, in the job's `prompt` column format."""
+    import json
+
+    path = tmp_path_factory.mktemp("data") / "prompts.jsonl"
+    rows = [{"prompt": f"w{3 + i} w{10 + i} w{20 + i}", "answer": str(i % 5)} for i in range(12)]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return str(path)
+
+
 def random_prompts(lengths, seed: int = 0, low: int = 3) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(low, VOCAB, (n,), generator=g).tolist() for n in lengths]

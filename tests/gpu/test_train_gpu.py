@@ -8,35 +8,17 @@ trainer takes the first and an actor the next (weights over NCCL). Run the file 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
-from tests.conftest import tiny_model, tiny_tokenizer
+from tests.conftest import tiny_model
 
 pytestmark = pytest.mark.gpu
 ray = pytest.importorskip("ray")
 pytest.importorskip("trl")
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("tiny-policy")
-    tiny_model("llama", seed=5, eos_token_id=2).save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def dataset_file(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("data") / "prompts.jsonl"
-    rows = [{"prompt": f"w{3 + i} w{10 + i} w{20 + i}", "answer": str(i % 5)} for i in range(12)]
-    path.write_text("\n".join(json.dumps(r) for r in rows))
-    return str(path)
-
-
-def test_three_grpo_steps_with_an_actor_on_the_gpu(tmp_path, model_dir, dataset_file) -> None:
+def test_three_grpo_steps_with_an_actor_on_the_gpu(tmp_path, policy_dir, prompts_file) -> None:
     from trainers.config import load_config
     from trainers.job import run_job
 
@@ -44,8 +26,8 @@ def test_three_grpo_steps_with_an_actor_on_the_gpu(tmp_path, model_dir, dataset_
         None,
         [
             f"output_dir={tmp_path / 'run'}",
-            f"model={model_dir}",
-            f"dataset.source={dataset_file}",
+            f"model={policy_dir}",
+            f"dataset.source={prompts_file}",
             "trainer.max_steps=3",
             "trainer.num_generations=4",
             "trainer.prompts_per_step=2",
@@ -67,7 +49,7 @@ def test_three_grpo_steps_with_an_actor_on_the_gpu(tmp_path, model_dir, dataset_
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (nvidia-h200-x2)")
-def test_nccl_sync_to_an_actor_on_another_gpu(model_dir) -> None:
+def test_nccl_sync_to_an_actor_on_another_gpu(policy_dir) -> None:
     from rollout import EngineConfig
     from rollout.pool import RolloutPool
     from trainers.job import _ray_sees, logprob_parity
@@ -77,7 +59,7 @@ def test_nccl_sync_to_an_actor_on_another_gpu(model_dir) -> None:
     pool = None
     try:
         engine = EngineConfig(
-            model=model_dir, device="cuda", dtype="float32", max_model_len=64, compile_model=False
+            model=policy_dir, device="cuda", dtype="float32", max_model_len=64, compile_model=False
         )
         pool = RolloutPool(engine, 1, num_gpus_per_actor=1.0)
         trainer_model = tiny_model("llama", seed=11).to("cuda:0")  # other weights than the actor's

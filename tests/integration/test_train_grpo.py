@@ -6,31 +6,13 @@ import json
 
 import pytest
 
-from tests.conftest import tiny_model, tiny_tokenizer
-
 pytest.importorskip("ray")
 pytest.importorskip("trl")
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("tiny-policy")
-    tiny_model("llama", seed=5, eos_token_id=2).save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def dataset_file(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("data") / "prompts.jsonl"
-    rows = [{"prompt": f"w{3 + i} w{10 + i} w{20 + i}", "answer": str(i % 5)} for i in range(8)]
-    path.write_text("\n".join(json.dumps(r) for r in rows))
-    return str(path)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["streaming", "sync"])
-def test_two_grpo_steps_through_ray_actors(tmp_path, model_dir, dataset_file, mode) -> None:
+def test_two_grpo_steps_through_ray_actors(tmp_path, policy_dir, prompts_file, mode) -> None:
     from trainers.config import load_config
     from trainers.job import run_job
 
@@ -38,8 +20,8 @@ def test_two_grpo_steps_through_ray_actors(tmp_path, model_dir, dataset_file, mo
         None,
         [
             f"output_dir={tmp_path / 'run'}",
-            f"model={model_dir}",
-            f"dataset.source={dataset_file}",
+            f"model={policy_dir}",
+            f"dataset.source={prompts_file}",
             f"trainer.mode={mode}",
             "trainer.max_steps=2",
             "trainer.num_generations=2",
