@@ -9,6 +9,7 @@ the job can produce, then checks that a Ray actor started with `_ray_sees([1])` 
   asymmetric    the trainer sees every GPU and uses cuda:0; the actor sees only GPU 1 (the job's
                 layout: Ray sets the actor's CUDA_VISIBLE_DEVICES)
   one-each      the trainer sees only GPU 0, the actor only GPU 1
+  asymmetric+no-p2p / +no-cumem   the job's layout with NCCL_P2P_DISABLE=1 / NCCL_CUMEM_ENABLE=0
 
 Each case prints ok with the time per broadcast and GB/s, an error, or "hang" (killed after
 --timeout-s). Nothing here is needed to use the project; it narrows down a sync that fails.
@@ -30,25 +31,38 @@ LAYOUTS = {
     "asymmetric": (("0,1", 0), ("1", 0)),
     "one-each": (("0", 0), ("1", 0)),
 }
+# Layout variants with extra NCCL settings: CUDA IPC between processes that see different GPU
+# sets has been a known trouble spot; without P2P, NCCL goes through shared host memory.
+VARIANTS = {
+    "asymmetric+no-p2p": ("asymmetric", {"NCCL_P2P_DISABLE": "1"}),
+    "asymmetric+no-cumem": ("asymmetric", {"NCCL_CUMEM_ENABLE": "0"}),
+}
 
 
-def _rank(rank: int, visible: str, device: int, port: int, gib: float, timeout_s: float, out):
+def _rank(
+    rank, visible: str, device: int, env: dict, port: int, gib: float, timeout_s, backend, out
+):
     os.environ["CUDA_VISIBLE_DEVICES"] = visible  # before CUDA starts in this process
+    os.environ.update(env)
     try:
         import torch
 
         from rollout.weights import WeightGroup
 
-        torch.cuda.set_device(device)
-        group = WeightGroup("127.0.0.1", port, rank, 2, "nccl", timeout_s=timeout_s)
+        cuda = backend == "nccl"
+        if cuda:
+            torch.cuda.set_device(device)
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+        group = WeightGroup("127.0.0.1", port, rank, 2, backend, timeout_s=timeout_s)
         numel = int(gib * 2**30 / 2)
-        flat = torch.full((numel,), 1.0 if rank == 0 else 0.0, dtype=torch.bfloat16, device="cuda")
+        value = 1.0 if rank == 0 else 0.0
+        flat = torch.full((numel,), value, dtype=torch.bfloat16, device="cuda" if cuda else "cpu")
         times = []
         for _ in range(3):
-            torch.cuda.synchronize()
+            sync()
             start = time.perf_counter()
             group.broadcast(flat)
-            torch.cuda.synchronize()
+            sync()
             times.append(time.perf_counter() - start)
         ok = bool((flat == 1.0).all())
         out.put((rank, "ok" if ok else "wrong values", min(times)))
@@ -56,15 +70,18 @@ def _rank(rank: int, visible: str, device: int, port: int, gib: float, timeout_s
         out.put((rank, f"{type(err).__name__}: {err}", None))
 
 
-def check_layout(name: str, gib: float, timeout_s: float) -> str:
+def check_layout(name: str, gib: float, timeout_s: float, backend: str = "nccl") -> str:
     from rollout.weights import free_port
 
+    layout, env = VARIANTS.get(name, (name, {}))
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_rank, args=(r, visible, device, port, gib, timeout_s, out))
-        for r, (visible, device) in enumerate(LAYOUTS[name])
+        ctx.Process(
+            target=_rank, args=(r, visible, device, env, port, gib, timeout_s, backend, out)
+        )
+        for r, (visible, device) in enumerate(LAYOUTS[layout])
     ]
     for p in procs:
         p.start()
@@ -115,11 +132,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gib", type=float, default=1.0)
     parser.add_argument("--timeout-s", type=float, default=90.0)
-    parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    parser.add_argument("--layouts", default=",".join([*LAYOUTS, *VARIANTS]))
+    parser.add_argument("--backend", default="nccl", help="gloo: check this script on CPU")
     args = parser.parse_args()
     for name in args.layouts.split(","):
-        print(f"[nccl] {name}: {check_layout(name, args.gib, args.timeout_s)}", flush=True)
-    print(f"[nccl] ray placement: {check_ray_placement()}", flush=True)
+        result = check_layout(name, args.gib, args.timeout_s, args.backend)
+        print(f"[{args.backend}] {name}: {result}", flush=True)
+    if args.backend == "nccl":
+        print(f"[nccl] ray placement: {check_ray_placement()}", flush=True)
 
 
 if __name__ == "__main__":
