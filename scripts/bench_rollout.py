@@ -23,7 +23,6 @@ import datetime
 import gc
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -173,36 +172,9 @@ def profile_decode(engine, prompts, num_steps: int) -> list[dict]:
     return rows[:40]
 
 
-def plot(runs: list[dict], title: str, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot")
-        return
-    fig, (bars, lines) = plt.subplots(1, 2, figsize=(12, 4.5))
-    names = [r["mode"] for r in runs]
-    bars.bar(names, [r["tokens_per_s"] for r in runs], color="tab:blue")
-    roof = next((r["roofline_tokens_per_s"] for r in runs if r.get("roofline_tokens_per_s")), None)
-    if roof:
-        bars.axhline(roof, color="tab:red", linestyle="--", label=f"roofline {roof:,.0f}")
-        bars.legend()
-    bars.set_ylabel("generated tokens/s")
-    bars.set_title(title)
-    for r in runs:
-        if r.get("step_ms"):
-            lines.plot(r["step_ms"], label=r["mode"], linewidth=0.7)
-    lines.set_xlabel("step")
-    lines.set_ylabel("ms per step (host clock)")
-    lines.set_yscale("log")
-    lines.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def main(argv: list[str] | None = None) -> None:
+    from rollout.benchmark.report import plot_runs, print_run, print_table
+
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -244,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     for mode in [m for m in args.modes.split(",") if m]:
         print(f"[bench] {name}: engine {mode} ...", flush=True)
         runs.append(run_engine(model, workload, mode == "overlap", prompts, args))
-        _print_run(runs[-1])
+        print_run(runs[-1])
         _write_report(args, name, workload, runs)
     if args.compare_transformers:
         from rollout.benchmark.transformers_baseline import run_transformers_cb
@@ -264,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
                         model, prompts, workload.new_tokens, mode == "async", args.deadline_s
                     )
                 )
-                _print_run(runs[-1])
+                print_run(runs[-1])
                 _write_report(args, name, workload, runs)
             except Exception as err:  # noqa: BLE001 - the baseline must not sink our numbers
                 runs.append(
@@ -272,17 +244,21 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 print(f"[bench] transformers {mode} failed: {err}", flush=True)
     report = _write_report(args, name, workload, runs)
-    _print_table(report)
+    print_table(report)
     if args.json_out:
         plot_path = (
             Path(args.plot_out) if args.plot_out else Path(args.json_out).with_suffix(".png")
         )
-        plot([r for r in runs if "tokens_per_s" in r], f"{name} on {report['device']}", plot_path)
+        plot_runs(
+            [r for r in runs if "tokens_per_s" in r], f"{name} on {report['device']}", plot_path
+        )
 
 
 def _write_report(args, name: str, workload, runs: list[dict]) -> dict:
     """The report so far; written to --json-out after every run (a time-out keeps what finished)."""
     import torch
+
+    from rollout.benchmark.report import commit_id
 
     report = {
         "workload": name,
@@ -292,7 +268,7 @@ def _write_report(args, name: str, workload, runs: list[dict]) -> dict:
         "new_tokens": workload.new_tokens,
         "device": torch.cuda.get_device_name() if workload.device == "cuda" else "cpu",
         "date": datetime.date.today().isoformat(),
-        "commit": _commit(),
+        "commit": commit_id(),
         "torch": torch.__version__,
         "command": " ".join(sys.argv),
         "runs": runs,
@@ -302,52 +278,6 @@ def _write_report(args, name: str, workload, runs: list[dict]) -> dict:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1))
     return report
-
-
-def _commit() -> str:
-    # The GPU machine gets a copy of the working tree, whose .git (if any) may be stale: a commit
-    # passed in ROLLOUT_COMMIT wins.
-    if os.environ.get("ROLLOUT_COMMIT"):
-        return os.environ["ROLLOUT_COMMIT"]
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def _fmt(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _print_run(r: dict) -> None:
-    print(
-        f"[bench]   {r['mode']}: {_fmt(r.get('tokens_per_s'), ',.0f')} tok/s, "
-        f"{_fmt(r.get('ms_per_step'), '.2f')} ms/step, busy {_fmt(r.get('gpu_busy'), '.1%')}, "
-        f"cpu {_fmt(r.get('cpu_ms_per_step'), '.2f')} ms/step",
-        flush=True,
-    )
-
-
-def _print_table(report: dict) -> None:
-    print(
-        f"\n{report['workload']} on {report['device']} (commit {report['commit']}, {report['date']})"
-    )
-    print(
-        "| mode | tok/s | ms/step | GPU busy | CPU ms/step | roofline tok/s | of roofline | peak GiB |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for r in report["runs"]:
-        if "error" in r:
-            print(f"| {r['mode']} | error: {r['error'][:60]} |")
-            continue
-        print(
-            f"| {r['mode']} | {_fmt(r['tokens_per_s'], ',.0f')} | {_fmt(r.get('ms_per_step'), '.2f')} "
-            f"| {_fmt(r.get('gpu_busy'), '.1%')} | {_fmt(r.get('cpu_ms_per_step'), '.2f')} "
-            f"| {_fmt(r.get('roofline_tokens_per_s'), ',.0f')} | {_fmt(r.get('roofline_fraction'), '.1%')} "
-            f"| {_fmt(r.get('peak_memory_gib'), '.1f')} |"
-        )
 
 
 if __name__ == "__main__":

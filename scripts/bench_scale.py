@@ -113,9 +113,10 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from rollout import EngineConfig
+    from rollout.benchmark.report import commit_id
     from rollout.benchmark.workloads import WORKLOADS, write_model_config
     from rollout.pool import RolloutPool
-    from trainers.placement import ray_visible_devices
+    from trainers.placement import ray_sees
 
     name = "smoke" if args.smoke else args.workload
     if name not in WORKLOADS:
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         "device": torch.cuda.get_device_name() if num_gpus else "cpu",
         "gpus": num_gpus,
         "date": datetime.date.today().isoformat(),
-        "commit": os.environ.get("ROLLOUT_COMMIT") or _git_commit(),
+        "commit": commit_id(),
         "command": " ".join(sys.argv),
         "runs": [],
     }
@@ -155,20 +156,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[scale] {name}: {n} actor(s) ...", flush=True)
         sync = args.sync_repeats > 0 and (num_gpus == 0 or n < num_gpus)
         # With a sync to time, the trainer keeps GPU 0 and Ray is started seeing only the others.
-        before = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if sync and num_gpus:
-            os.environ["CUDA_VISIBLE_DEVICES"] = ray_visible_devices(
-                list(range(1, num_gpus)), os.environ
+        with ray_sees(list(range(1, num_gpus)) if sync and num_gpus else None):
+            ray.init(
+                num_gpus=num_gpus - 1 if sync and num_gpus else num_gpus,
+                include_dashboard=False,
+                configure_logging=False,
             )
-        ray.init(
-            num_gpus=num_gpus - 1 if sync and num_gpus else num_gpus,
-            include_dashboard=False,
-            configure_logging=False,
-        )
-        if before is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = before
         pool = RolloutPool(engine, n, num_gpus_per_actor=1.0 if num_gpus else 0.0)
         try:
             run: dict = {"actors": n}
@@ -196,18 +189,6 @@ def _finish(report: dict, json_out: str) -> None:
     if json_out:
         Path(json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(json_out).write_text(json.dumps(report, indent=1))
-
-
-def _git_commit() -> str:
-    import subprocess
-
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        )
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def _print_run(r: dict) -> None:

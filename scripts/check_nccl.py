@@ -3,7 +3,7 @@
     NCCL_DEBUG=WARN python scripts/check_nccl.py [--gib 1] [--timeout-s 90]
 
 Runs a broadcast through our `WeightGroup` between two processes in each GPU-visibility layout
-the job can produce, then checks that a Ray actor started with `_ray_sees([1])` lands on GPU 1:
+the job can produce, then checks that a Ray actor started with `ray_sees([1])` lands on GPU 1:
 
   all-visible   both processes see every GPU (rank r uses cuda:r): torchrun's layout
   asymmetric    the trainer sees every GPU and uses cuda:0; the actor sees only GPU 1 (the job's
@@ -109,9 +109,9 @@ def check_layout(name: str, gib: float, timeout_s: float, backend: str = "nccl")
 def check_ray_placement() -> str:
     import ray
 
-    from trainers.job import _ray_sees
+    from trainers.placement import ray_sees
 
-    with _ray_sees([1]):
+    with ray_sees([1]):
         ray.init(num_gpus=1, include_dashboard=False, configure_logging=False)
     try:
 

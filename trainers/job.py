@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
@@ -60,9 +59,10 @@ def run_job(config: JobConfig) -> dict:
     from rollout.pool import RolloutPool
     from trainers import trl_adapter
     from trainers.datasets import load_prompt_dataset
-    from trainers.placement import plan_placement
+    from trainers.placement import plan_placement, ray_sees
     from trainers.prompts import PromptFormatter
     from trainers.rewards import get_reward_functions
+    from trainers.rollout_logging import attach_rollout_logging, step_time_split
 
     model_path = str(smollm2_path()) if config.model == "smollm2" else config.model
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -76,7 +76,7 @@ def run_job(config: JobConfig) -> dict:
         # Joining a running cluster (`ray job submit`, ray_address): its resources are set by
         # `ray start`. Starting one here: Ray gets the actors' GPUs only, the trainer keeps cuda:0.
         joining = bool(config.ray_address or os.environ.get("RAY_ADDRESS"))
-        with _ray_sees(None if joining else placement.ray_gpus):
+        with ray_sees(None if joining else placement.ray_gpus):
             ray.init(
                 address=config.ray_address,
                 ignore_reinit_error=True,
@@ -211,26 +211,6 @@ def run_job(config: JobConfig) -> dict:
             ray.shutdown()
 
 
-@contextlib.contextmanager
-def _ray_sees(gpus: list[int] | None):
-    """CUDA_VISIBLE_DEVICES = `gpus` while Ray starts (its node process inherits it and hands
-    out only those), then back as it was for this process."""
-    if gpus is None:
-        yield
-        return
-    from trainers.placement import ray_visible_devices
-
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = ray_visible_devices(gpus, os.environ)
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["CUDA_VISIBLE_DEVICES"]
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = before
-
-
 def _finish_wandb() -> None:
     """Close the W&B run TRL opened, so its files are complete and a next job starts its own."""
     import sys
@@ -270,56 +250,3 @@ def logprob_parity(pool, model, prompt_ids: list[int], max_tokens: int = 16) -> 
         1, torch.tensor(tokens, device=device)[:, None]
     )[:, 0]
     return float((expected.cpu() - torch.tensor(probe["logprobs"])).abs().max())
-
-
-# TRL's streaming trainer logs where each optimizer step's wall time went.
-_STEP_PARTS = {
-    "step": "perf/step_s",
-    "rollout_wait": "perf/rollout_wait_s",
-    "train_fwd_bwd": "perf/fwd_bwd_s",
-    "optimizer": "perf/optimizer_s",
-    "weight_sync": "perf/weight_sync_s",
-}
-
-
-def step_time_split(log_history: list[dict]) -> dict[str, float] | None:
-    """Median seconds per step: whole step, waiting for rollouts, training, weight sync (None in
-    sync mode, whose trainer does not log these)."""
-    import statistics
-
-    split = {}
-    for part, key in _STEP_PARTS.items():
-        values = [entry[key] for entry in log_history if key in entry]
-        if values:
-            split[part] = round(statistics.median(values), 4)
-    return split or None
-
-
-def attach_rollout_logging(trainer, pool, transfer) -> None:
-    """Add the actors' rollout metrics (per actor and summed/averaged) to every trainer log, so
-    W&B shows them beside TRL's own in one run."""
-    original = trainer.log
-
-    def log(logs: dict, *args, **kwargs):
-        try:
-            stats = pool.stats()
-        except Exception:  # noqa: BLE001 - metrics must never stop training
-            stats = {}
-        for actor, values in stats.items():
-            for key, value in values.items():
-                logs[f"rollout/actor{actor}/{key}"] = value
-        if stats:
-            for key in ("tokens_per_s", "running_sequences", "preemptions", "total_tokens"):
-                logs[f"rollout/{key}"] = sum(v[key] for v in stats.values())
-            for key in ("gpu_busy", "cpu_ms_per_step", "kv_cache_use", "latency_s"):
-                present = [v[key] for v in stats.values() if key in v]
-                if present:
-                    logs[f"rollout/{key}"] = sum(present) / len(present)
-        if transfer.history:
-            last = transfer.history[-1]
-            logs["rollout/weight_sync_s"] = last["seconds"]
-            if last.get("logprob_max_abs_diff") is not None:
-                logs["rollout/logprob_max_abs_diff"] = last["logprob_max_abs_diff"]
-        return original(logs, *args, **kwargs)
-
-    trainer.log = log

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 from dataclasses import dataclass, field
 
 from trainers.config import RolloutConfig
@@ -74,3 +76,21 @@ def ray_visible_devices(gpus: list[int], environ: dict[str, str]) -> str:
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     physical = visible.split(",") if visible else None
     return ",".join(physical[i] if physical else str(i) for i in gpus)
+
+
+@contextlib.contextmanager
+def ray_sees(gpus: list[int] | None):
+    """CUDA_VISIBLE_DEVICES = `gpus` while Ray starts (its node process inherits it and hands
+    out only those), then back as it was for this process."""
+    if gpus is None:
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ray_visible_devices(gpus, os.environ)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before

@@ -52,9 +52,10 @@ def test_three_grpo_steps_with_an_actor_on_the_gpu(tmp_path, policy_dir, prompts
 def test_nccl_sync_to_an_actor_on_another_gpu(policy_dir) -> None:
     from rollout import EngineConfig
     from rollout.pool import RolloutPool
-    from trainers.job import _ray_sees, logprob_parity
+    from trainers.job import logprob_parity
+    from trainers.placement import ray_sees
 
-    with _ray_sees([1]):  # the actor on GPU 1, the trainer keeps GPU 0 (as the job places them)
+    with ray_sees([1]):  # the actor on GPU 1, the trainer keeps GPU 0 (as the job places them)
         ray.init(num_gpus=1, include_dashboard=False, configure_logging=False)
     pool = None
     try:

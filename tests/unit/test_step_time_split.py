@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainers.job import step_time_split
+from trainers.rollout_logging import step_time_split
 
 
 def test_medians_of_each_part() -> None:

@@ -1,0 +1,82 @@
+"""Benchmark output shared by the scripts: the commit measured, tables, and plots."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+
+def commit_id() -> str:
+    # The GPU machine gets a copy of the working tree, whose .git (if any) may be stale: a commit
+    # passed in ROLLOUT_COMMIT wins.
+    if os.environ.get("ROLLOUT_COMMIT"):
+        return os.environ["ROLLOUT_COMMIT"]
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def plot_runs(runs: list[dict], title: str, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    fig, (bars, lines) = plt.subplots(1, 2, figsize=(12, 4.5))
+    names = [r["mode"] for r in runs]
+    bars.bar(names, [r["tokens_per_s"] for r in runs], color="tab:blue")
+    roof = next((r["roofline_tokens_per_s"] for r in runs if r.get("roofline_tokens_per_s")), None)
+    if roof:
+        bars.axhline(roof, color="tab:red", linestyle="--", label=f"roofline {roof:,.0f}")
+        bars.legend()
+    bars.set_ylabel("generated tokens/s")
+    bars.set_title(title)
+    for r in runs:
+        if r.get("step_ms"):
+            lines.plot(r["step_ms"], label=r["mode"], linewidth=0.7)
+    lines.set_xlabel("step")
+    lines.set_ylabel("ms per step (host clock)")
+    lines.set_yscale("log")
+    lines.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_run(r: dict) -> None:
+    print(
+        f"[bench]   {r['mode']}: {fmt(r.get('tokens_per_s'), ',.0f')} tok/s, "
+        f"{fmt(r.get('ms_per_step'), '.2f')} ms/step, busy {fmt(r.get('gpu_busy'), '.1%')}, "
+        f"cpu {fmt(r.get('cpu_ms_per_step'), '.2f')} ms/step",
+        flush=True,
+    )
+
+
+def print_table(report: dict) -> None:
+    print(
+        f"\n{report['workload']} on {report['device']} (commit {report['commit']}, {report['date']})"
+    )
+    print(
+        "| mode | tok/s | ms/step | GPU busy | CPU ms/step | roofline tok/s | of roofline | peak GiB |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in report["runs"]:
+        if "error" in r:
+            print(f"| {r['mode']} | error: {r['error'][:60]} |")
+            continue
+        print(
+            f"| {r['mode']} | {fmt(r['tokens_per_s'], ',.0f')} | {fmt(r.get('ms_per_step'), '.2f')} "
+            f"| {fmt(r.get('gpu_busy'), '.1%')} | {fmt(r.get('cpu_ms_per_step'), '.2f')} "
+            f"| {fmt(r.get('roofline_tokens_per_s'), ',.0f')} | {fmt(r.get('roofline_fraction'), '.1%')} "
+            f"| {fmt(r.get('peak_memory_gib'), '.1f')} |"
+        )

@@ -1,0 +1,46 @@
+"""The benchmark scripts' CPU paths: each writes the report a reader (or CI) can check."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_rollout_smoke_writes_runs_and_a_plot(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("ROLLOUT_COMMIT", "abc1234")
+    out = tmp_path / "smoke.json"
+    _script("bench_rollout").main(["--smoke", "--json-out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["commit"] == "abc1234"
+    assert [r["mode"] for r in report["runs"]] == ["sync", "overlap"]
+    for run in report["runs"]:
+        assert run["tokens"] == 8 * 32 and run["tokens_per_s"] > 0
+    assert out.with_suffix(".png").exists()
+
+
+@pytest.mark.slow
+def test_bench_scale_smoke_streams_every_token_and_times_the_sync(tmp_path) -> None:
+    pytest.importorskip("ray")
+    out = tmp_path / "scale.json"
+    _script("bench_scale").main(["--smoke", "--actors", "1,2", "--json-out", str(out)])
+    report = json.loads(out.read_text())
+    assert [r["actors"] for r in report["runs"]] == [1, 2]
+    for run in report["runs"]:
+        assert run["tokens"] == run["actors"] * 8 * 32  # each actor ran the whole request mix
+        assert sum(run["tokens_per_actor"].values()) == run["tokens"]
+        assert len(run["tokens_per_actor"]) == run["actors"]
+        assert run["weight_sync"]["backend"] == "gloo" and run["weight_sync"]["gib"] > 0
+        assert len(run["weight_sync"]["sync_s"]) == 3
+    assert report["runs"][0]["efficiency"] == 1.0

@@ -1,0 +1,56 @@
+"""The rollout side in the trainer's logs: actor metrics beside TRL's own in every W&B row, and
+where each optimizer step's time went."""
+
+from __future__ import annotations
+
+# TRL's streaming trainer logs where each optimizer step's wall time went.
+_STEP_PARTS = {
+    "step": "perf/step_s",
+    "rollout_wait": "perf/rollout_wait_s",
+    "train_fwd_bwd": "perf/fwd_bwd_s",
+    "optimizer": "perf/optimizer_s",
+    "weight_sync": "perf/weight_sync_s",
+}
+
+
+def step_time_split(log_history: list[dict]) -> dict[str, float] | None:
+    """Median seconds per step: whole step, waiting for rollouts, training, weight sync (None in
+    sync mode, whose trainer does not log these)."""
+    import statistics
+
+    split = {}
+    for part, key in _STEP_PARTS.items():
+        values = [entry[key] for entry in log_history if key in entry]
+        if values:
+            split[part] = round(statistics.median(values), 4)
+    return split or None
+
+
+def attach_rollout_logging(trainer, pool, transfer) -> None:
+    """Add the actors' rollout metrics (per actor and summed/averaged) to every trainer log, so
+    W&B shows them beside TRL's own in one run."""
+    original = trainer.log
+
+    def log(logs: dict, *args, **kwargs):
+        try:
+            stats = pool.stats()
+        except Exception:  # noqa: BLE001 - metrics must never stop training
+            stats = {}
+        for actor, values in stats.items():
+            for key, value in values.items():
+                logs[f"rollout/actor{actor}/{key}"] = value
+        if stats:
+            for key in ("tokens_per_s", "running_sequences", "preemptions", "total_tokens"):
+                logs[f"rollout/{key}"] = sum(v[key] for v in stats.values())
+            for key in ("gpu_busy", "cpu_ms_per_step", "kv_cache_use", "latency_s"):
+                present = [v[key] for v in stats.values() if key in v]
+                if present:
+                    logs[f"rollout/{key}"] = sum(present) / len(present)
+        if transfer.history:
+            last = transfer.history[-1]
+            logs["rollout/weight_sync_s"] = last["seconds"]
+            if last.get("logprob_max_abs_diff") is not None:
+                logs["rollout/logprob_max_abs_diff"] = last["logprob_max_abs_diff"]
+        return original(logs, *args, **kwargs)
+
+    trainer.log = log
