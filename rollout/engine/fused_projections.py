@@ -90,8 +90,11 @@ def _fuse_linears(module: nn.Module, names: tuple[str, ...], fused_name: str) ->
 def _fused_attention_forward(
     self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs
 ):
-    # Training, or transformers' own KV cache (generate): the module's own forward.
-    if torch.is_grad_enabled() or kwargs.get("cache") is not None:
+    # Training, transformers' own KV cache (generate), or its "eager" attention (no registered
+    # function): the module's own forward.
+    # (get_interface, as transformers' own forward calls it: known to trace under torch.compile)
+    attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, None)
+    if torch.is_grad_enabled() or kwargs.get("cache") is not None or attention is None:
         return self._unfused_forward(
             hidden_states, position_embeddings=position_embeddings,
             attention_mask=attention_mask, **kwargs
@@ -111,7 +114,6 @@ def _fused_attention_forward(
     value = value.reshape(hidden_shape).transpose(1, 2)
     cos, sin = position_embeddings
     query, key = self._rotary(query, key, cos, sin)
-    attention = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
     extra = {"sliding_window": self.sliding_window} if hasattr(self, "sliding_window") else {}
     out, weights = attention(
         self,

@@ -3,10 +3,10 @@
 Each step gets a token budget. Running sequences go first, oldest first (a decode costs one token, an
 unfinished prefill continues with a chunk); waiting sequences are then admitted in arrival order
 while the budget, the sequence cap and the free blocks allow (a sequence is admitted only when all
-of its tokens fit, with one block of headroom per running sequence). When a running sequence cannot get a
-block, the newest running sequence not yet in this step is preempted (its blocks freed, recomputed
-later); if none is left, the sequence preempts itself. Since every admitted sequence fits alone in
-the cache, the oldest one always progresses: no deadlock.
+of its tokens fit, with one block of headroom per running sequence). When a running sequence cannot
+get a block, the newest running sequence not yet in this step is preempted (its blocks freed,
+recomputed later); if none is left, the sequence preempts itself. Since every admitted sequence
+fits alone in the cache, the oldest one always progresses: no deadlock.
 
 `schedule()` advances host state at once, as if the step had already run: computed-token counts go
 up and each sampled token is a PLACEHOLDER until `process_results()` fills it. So the next step can

@@ -81,3 +81,12 @@ def test_generate_with_transformers_cache_uses_the_unfused_path() -> None:
     ids = torch.randint(0, model.config.vocab_size, (1, 6))
     kwargs = dict(max_new_tokens=8, do_sample=False)
     assert fused.generate(ids, **kwargs).tolist() == model.generate(ids, **kwargs).tolist()
+
+
+def test_eager_attention_runs_the_module_own_forward() -> None:
+    model = tiny_model("llama")
+    model.set_attn_implementation("eager")
+    fused = copy.deepcopy(model)
+    fuse_projections(fused)
+    ids = torch.randint(0, model.config.vocab_size, (1, 6))
+    torch.testing.assert_close(_logits(fused, ids), _logits(model, ids), rtol=1e-5, atol=1e-5)
