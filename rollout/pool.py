@@ -17,8 +17,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollout.engine.config import EngineConfig
+from rollout.engine.model_loader import TORCH_DTYPES
 from rollout.engine.sampling_params import SamplingParams
 from rollout.rollout_types import CompletedGroup, FinishedSample, GroupRequest
+from rollout.weights import (
+    DEFAULT_BUCKET_BYTES,
+    WeightGroup,
+    free_port,
+    manifest_for,
+    send_weights,
+)
 from rollout.worker import RolloutWorker
 
 
@@ -148,22 +156,14 @@ class RolloutPool:
         self, named_tensors, version: int | None = None, backend: str = "gloo"
     ) -> dict:
         """Broadcast the trainer's weights to every live actor (in place, at a step boundary)."""
-
-        from rollout.weights import DEFAULT_BUCKET_BYTES, free_port, manifest_for, send_weights
-
         named = [(n, t) for n, t in named_tensors]
-        from rollout.engine.model_loader import TORCH_DTYPES
-
         rollout_dtype = TORCH_DTYPES.get(self.engine_config.dtype, named[0][1].dtype)
         manifest = manifest_for(named, rollout_dtype, DEFAULT_BUCKET_BYTES)
         live = self._live()
-        self._ray.get(
-            [a.check_weights.remote(manifest) for a in live.values()]
-        )  # raises on mismatch
+        # Every actor checks names and shapes first; a mismatch raises before anything moves.
+        self._ray.get([a.check_weights.remote(manifest) for a in live.values()])
         start = time.perf_counter()
         if self._weight_members != tuple(live):  # first sync, or an actor died since the last
-            from rollout.weights import WeightGroup
-
             # This node's address, which actors on other nodes of a cluster can reach too.
             host, port = self._ray.util.get_node_ip_address(), free_port()
             joins = [
