@@ -1,13 +1,14 @@
-"""Paged attention in Triton: KV write, split-KV decode (+ merge), and prefill/extend.
+"""Paged attention in Triton: KV write, split-KV decode (merged in the same launch), prefill/extend.
 
 Same signatures and semantics as the PyTorch twins in torch_paged_attention.py (the oracle):
 cache [num_blocks, block_size, num_kv_heads, head_dim]; sequence s owns query rows
 [query_start_loc[s], query_start_loc[s+1]) which are the last tokens of its seq_lens[s] context.
 
 Decode (one query per sequence) splits each context into fixed-length pieces processed by
-separate programs, all query heads of one KV head together (each K/V byte is read once), then
-merges the pieces by their log-sum-exp. The grid depends only on the batch size and the static
-maximum context, so the launch can sit inside a CUDA graph.
+separate programs, all query heads of one KV head together (each K/V byte is read once); the
+last piece of a sequence to finish merges them by their log-sum-exp, in the same launch. The grid
+depends only on the batch size and the static maximum context, so the launch can sit inside a
+CUDA graph.
 """
 
 from __future__ import annotations
@@ -60,11 +61,13 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
 
 
 @triton.jit
-def _decode_split_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, part_out_ptr, part_lse_ptr,
-    scale, stride_qt, stride_qh, stride_cblock, stride_cslot, stride_chead, stride_bt,
-    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
+def _decode_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    part_out_ptr, part_lse_ptr, arrivals_ptr, out_ptr,
+    scale, stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_cblock, stride_cslot, stride_chead, stride_bt,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT_LEN: tl.constexpr, NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -75,17 +78,21 @@ def _decode_split_kernel(
     g = tl.arange(0, GROUP_PAD)
     heads = kv_head * GROUP + g
     head_mask = g < GROUP
-    lse_ptrs = part_lse_ptr + (s * NUM_HEADS + heads) * NUM_SPLITS + split
-    start = split * SPLIT_LEN
-    if start >= seq_len:
-        tl.store(lse_ptrs, tl.full([GROUP_PAD], float("-inf"), tl.float32), mask=head_mask)
-        return
-    end = tl.minimum(start + SPLIT_LEN, seq_len)
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
+    out_ptrs = out_ptr + s * stride_ot + heads[:, None] * stride_oh + d[None, :]
+    out_mask = head_mask[:, None] & d_mask[None, :]
+    if seq_len == 0:  # CUDA-graph padding: zeros, so no garbage flows into the padded row
+        if split == 0:
+            tl.store(out_ptrs, tl.zeros([GROUP_PAD, BLOCK_D], out_ptr.dtype.element_ty), out_mask)
+        return
+    start = split * SPLIT_LEN
+    if start >= seq_len:
+        return
+    end = tl.minimum(start + SPLIT_LEN, seq_len)
     q = tl.load(
         q_ptr + s * stride_qt + heads[:, None] * stride_qh + d[None, :],
-        mask=head_mask[:, None] & d_mask[None, :],
+        mask=out_mask,
         other=0.0,
     )  # [GROUP_PAD, BLOCK_D]
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
@@ -111,42 +118,68 @@ def _decode_split_kernel(
         denom = denom * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m = m_new
-    out_ptrs = (
-        part_out_ptr
-        + ((s * NUM_HEADS + heads[:, None]) * NUM_SPLITS + split) * HEAD_DIM
-        + d[None, :]
+    num_active = tl.cdiv(seq_len, SPLIT_LEN)
+    if num_active == 1:  # the whole context fit one split: no partials, no merge
+        tl.store(out_ptrs, (acc / denom[:, None]).to(out_ptr.dtype.element_ty), out_mask)
+        return
+
+    # Several splits: publish this one's partial result, and let whichever split of this
+    # (sequence, KV head) arrives last merge them all by log-sum-exp. That saves a second kernel
+    # launch per layer. The barrier makes every thread's partial stores precede the release.
+    part_ptrs = (
+        part_out_ptr + ((s * NUM_HEADS + heads[:, None]) * NUM_SPLITS) * HEAD_DIM + d[None, :]
     )
-    tl.store(out_ptrs, acc / denom[:, None], mask=head_mask[:, None] & d_mask[None, :])
-    tl.store(lse_ptrs, m + tl.log(denom), mask=head_mask)
+    lse_ptrs = part_lse_ptr + (s * NUM_HEADS + heads) * NUM_SPLITS
+    tl.store(part_ptrs + split * HEAD_DIM, acc / denom[:, None], mask=out_mask)
+    tl.store(lse_ptrs + split, m + tl.log(denom), mask=head_mask)
+    tl.debug_barrier()
+    arrivals = arrivals_ptr + s * NUM_KV_HEADS + kv_head
+    arrived_before = tl.atomic_add(arrivals, 1, sem="acq_rel")
+    if arrived_before == num_active - 1:
+        tl.store(arrivals, 0)  # reset for the next launch (the next layer or step)
+        m_all = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        weight = tl.zeros([GROUP_PAD], tl.float32)
+        merged = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+        for j in range(0, num_active):
+            # .cg: read through L2, where the other programs' stores landed (L1 is not coherent).
+            lse = tl.load(lse_ptrs + j, mask=head_mask, other=0.0, cache_modifier=".cg")
+            part = tl.load(part_ptrs + j * HEAD_DIM, mask=out_mask, other=0.0, cache_modifier=".cg")
+            m_new = tl.maximum(m_all, lse)
+            alpha = tl.exp(m_all - m_new)
+            w = tl.exp(lse - m_new)
+            merged = merged * alpha[:, None] + part * w[:, None]
+            weight = weight * alpha + w
+            m_all = m_new
+        tl.store(out_ptrs, (merged / weight[:, None]).to(out_ptr.dtype.element_ty), out_mask)
 
 
-@triton.jit
-def _decode_merge_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
-):  # fmt: skip
-    s = tl.program_id(0)
-    h = tl.program_id(1)
-    sp = tl.arange(0, SPLITS_PAD)
-    d = tl.arange(0, BLOCK_D)
-    base = (s * NUM_HEADS + h) * NUM_SPLITS
-    lse = tl.load(part_lse_ptr + base + sp, mask=sp < NUM_SPLITS, other=float("-inf"))
-    m = tl.max(lse, 0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)  # empty (padded) rows: all weights 0
-    w = tl.exp(lse - m_safe)  # [SPLITS_PAD]
-    parts = tl.load(
-        part_out_ptr + (base + sp[:, None]) * HEAD_DIM + d[None, :],
-        mask=(sp[:, None] < NUM_SPLITS) & (w[:, None] > 0) & (d[None, :] < HEAD_DIM),
-        other=0.0,
-    )
-    total = tl.sum(w, 0)
-    out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)
-    tl.store(
-        out_ptr + s * stride_ot + h * stride_oh + d,
-        out.to(out_ptr.dtype.element_ty),
-        mask=d < HEAD_DIM,
-    )
+class _ArrivalCounters:
+    """Zeroed int32 counters, one per (sequence, KV head), that the decode kernel leaves zeroed.
+
+    One buffer per CUDA stream: launches on one stream are ordered, so they may share counters,
+    while two engines stepping on their own streams must not. Buffers live as long as the process:
+    a captured CUDA graph holds the address it was captured with, so an outgrown buffer must
+    never be freed and its memory reused.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple, list[torch.Tensor]] = {}
+
+    def get(self, device: torch.device, count: int) -> torch.Tensor:
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+        buffers = self._buffers.setdefault((device, stream), [])
+        if not buffers or buffers[-1].numel() < count:
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    "decode attention needs new arrival counters during CUDA-graph capture; "
+                    "run the step once eagerly on the capture stream first (the graph runner's "
+                    "warm-up does)"
+                )
+            buffers.append(torch.zeros(max(count, 4096), dtype=torch.int32, device=device))
+        return buffers[-1]
+
+
+_ARRIVALS = _ArrivalCounters()
 
 
 def decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len_static):
@@ -161,22 +194,18 @@ def decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale, max
     part_lse = torch.empty(
         num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device
     )
-    block_d = triton.next_power_of_2(head_dim)
-    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
-        query, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse,
-        scale, query.stride(0), query.stride(1),
+    arrivals = _ARRIVALS.get(query.device, num_seqs * num_kv_heads)
+    out = torch.empty_like(query)
+    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        query, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse, arrivals, out,
+        scale, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        NUM_HEADS=num_heads, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE=k_cache.shape[1],
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
         BLOCK_N=DECODE_BLOCK_N, SPLIT_LEN=DECODE_SPLIT_LEN, NUM_SPLITS=num_splits,
         DOT_PRECISION=_dot_precision(query),
         num_warps=4, num_stages=2,
-    )  # fmt: skip
-    out = torch.empty_like(query)
-    _decode_merge_kernel[(num_seqs, num_heads)](
-        part_out, part_lse, out, out.stride(0), out.stride(1),
-        NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits),
     )  # fmt: skip
     return out
 

@@ -79,6 +79,36 @@ def test_decode_padded_rows_are_zero_and_harmless() -> None:
     assert _rel_error(got[[0, 2]], want[[0, 2]]) < 1e-2
 
 
+def test_decode_in_one_launch_is_stable_across_graph_replays() -> None:
+    """The last split of each (sequence, KV head) merges the others' partial results: replaying a
+    graph of many launches must give the eager result every time (counters reset, no stale
+    reads)."""
+    lens = [4096, 300, 257, 1, 2000, 256, 3000, 0] * 4
+    case = make_case(
+        [max(n, 1) for n in lens], [1] * len(lens), 8, 4, 128, 16, torch.bfloat16, "cuda"
+    )
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+
+    def run():
+        return _triton().decode_attention(
+            case["query"], case["k_cache"], case["v_cache"], case["block_tables"], seq_lens,
+            case["scale"], 4096,
+        )  # fmt: skip
+
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        want = run()  # also the warm-up that allocates this stream's counters
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        outs = [run() for _ in range(20)]
+    for _ in range(10):
+        graph.replay()
+        torch.cuda.synchronize()
+        for got in outs:
+            assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("group", [1, 4, 8])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_extend_matches_twin(group: int, head_dim: int) -> None:
