@@ -54,6 +54,7 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
         compile_model=not args.no_compile,
     )
     settings.update(workload.engine)
+    settings.update(args.engine_overrides)
     setup_start = time.perf_counter()
     engine = LLMEngine.from_model(model, EngineConfig(**settings))
     params = SamplingParams(
@@ -188,11 +189,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--no-cuda-graphs", action="store_true")
     parser.add_argument("--no-compile", action="store_true", help="eager decoder layers")
+    parser.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an EngineConfig override for the engine runs, e.g. --engine triton_linear=false",
+    )
     parser.add_argument("--profile-steps", type=int, default=0, help="kernel profile of N steps")
     parser.add_argument("--deadline-s", type=float, default=0.0, help="stop each run after this")
     parser.add_argument("--json-out", default="")
     parser.add_argument("--plot-out", default="", help="PNG path (default: next to --json-out)")
     args = parser.parse_args(argv)
+    args.engine_overrides = _engine_overrides(args.engine)
 
     import torch
 
@@ -252,6 +261,24 @@ def main(argv: list[str] | None = None) -> None:
         plot_runs(
             [r for r in runs if "tokens_per_s" in r], f"{name} on {report['device']}", plot_path
         )
+
+
+def _engine_overrides(items: list[str]) -> dict:
+    import yaml
+
+    from rollout import EngineConfig
+
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--engine takes KEY=VALUE; got {item!r}")
+        overrides[key] = yaml.safe_load(value)
+    try:
+        EngineConfig.from_dict(overrides)  # unknown keys and bad values fail before any work
+    except (TypeError, ValueError) as err:
+        raise SystemExit(f"--engine: {err}") from err
+    return overrides
 
 
 def _write_report(args, name: str, workload, runs: list[dict]) -> dict:

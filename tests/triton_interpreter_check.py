@@ -10,6 +10,7 @@ import torch
 import triton.runtime.interpreter as interpreter
 
 from rollout.kernels import torch_paged_attention as twin
+from rollout.kernels import triton_linear
 from rollout.kernels import triton_paged_attention as kernels
 from tests.kernel_cases import make_case
 
@@ -52,7 +53,13 @@ def check_decode() -> float:
             )  # fmt: skip
             assert torch.all(got[5] == 0), "a padded row must come out as zeros"
             worst = max(worst, (got[live] - want[live]).abs().max().item())
-    return worst
+    # More splits than one merge chunk (18 of 256 tokens, merged 16 at a time).
+    case = make_case([4500, 10], [1, 1], 1, 4, 64, 16, torch.float32, "cpu", seed=7)
+    got = kernels.decode_attention(
+        case["query"], case["k_cache"], case["v_cache"], case["block_tables"], case["seq_lens"],
+        case["scale"], 8192,
+    )  # fmt: skip
+    return max(worst, (got - _reference(case)).abs().max().item())
 
 
 def check_extend() -> float:
@@ -78,12 +85,27 @@ def check_write_kv() -> float:
     )
 
 
+def check_decode_linear() -> float:
+    g = torch.Generator().manual_seed(0)
+    worst = 0.0
+    # Ragged rows, columns and K (masked tails), with and without bias; then K a tile multiple.
+    for rows, n, k, use_bias in [(5, 100, 300, True), (16, 64, 256, False), (33, 40, 512, True)]:
+        x = torch.randn(rows, k, generator=g)
+        weight = torch.randn(n, k, generator=g)
+        bias = torch.randn(n, generator=g) if use_bias else None
+        y = torch.empty(rows, n)
+        triton_linear.launch(x, weight, bias, y, 32, 128, 2)
+        worst = max(worst, (y - torch.nn.functional.linear(x, weight, bias)).abs().max().item())
+    return worst
+
+
 if __name__ == "__main__":
     failed = False
     for name, check in [
         ("decode", check_decode),
         ("extend", check_extend),
         ("write_kv", check_write_kv),
+        ("decode_linear", check_decode_linear),
     ]:
         error = check()
         print(f"{name}: max |triton - twin| = {error:.3g}")

@@ -45,6 +45,10 @@ class EngineConfig:
     fuse_projections: bool = True
     """Run q/k/v and gate/up as one GEMM each (parameter names kept, as views of the fused
     weight) for the Llama, Mistral and Qwen2/3 families; other models run unchanged."""
+    triton_linear: bool = True
+    """On CUDA (bf16/fp16), run the output, down and LM-head projections with our Triton GEMM
+    when a step has at most 64 rows (decode); cuBLAS otherwise. Measured faster than cuBLAS for
+    those shapes by scripts/bench_gemm.py; set False to compare."""
     attention: str = "auto"
     """Paged attention backend: "triton" on CUDA, "torch" (the reference twin) elsewhere."""
     seed: int = 0

@@ -14,6 +14,10 @@ runs, so a model that is also trained still gets gradients on its own parameters
 
 Only the attention and MLP classes whose forward was checked against the fused one are changed
 (`_ATTENTION_CLASSES`, `_MLP_CLASSES`); any other model runs its own modules unchanged.
+
+`route_decode_linears` goes one step further on CUDA: the output, down and LM-head projections,
+where our Triton kernel beat cuBLAS at decode batch sizes (rollout/kernels/triton_linear.py),
+run through it; q/k/v and gate/up stay with cuBLAS, which was faster there.
 """
 
 from __future__ import annotations
@@ -58,6 +62,46 @@ def fuse_projections(model: nn.Module) -> int:
             mlp.forward = types.MethodType(_fused_mlp_forward, mlp)
             changed += 1
     return changed
+
+
+def route_decode_linears(model: nn.Module) -> int:
+    """Send o_proj, down_proj (of fused layers) and the LM head through `rollout::decode_linear`
+    when the model runs without autograd; returns how many projections were routed."""
+    from rollout.kernels import triton_linear
+
+    routed = 0
+    for layer in decoder_layers(model, setting="triton_linear"):
+        for module, name in (
+            (layer.self_attn, "o_proj"),
+            (getattr(layer, "mlp", None), "down_proj"),
+        ):
+            linear = getattr(module, name, None)
+            if (
+                hasattr(module, "_unfused_forward")  # only the fused forwards call _project
+                and isinstance(linear, nn.Linear)
+                and triton_linear.supported(linear.weight)
+            ):
+                linear._decode_linear = True
+                routed += 1
+    head = model.get_output_embeddings()
+    if isinstance(head, nn.Linear) and triton_linear.supported(head.weight):
+        if not hasattr(head, "_plain_forward"):
+            head._plain_forward = head.forward
+            head.forward = types.MethodType(_decode_head_forward, head)
+        routed += 1
+    return routed
+
+
+def _project(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if getattr(linear, "_decode_linear", False):
+        return torch.ops.rollout.decode_linear(x, linear.weight, linear.bias)
+    return linear(x)
+
+
+def _decode_head_forward(self, x):
+    if torch.is_grad_enabled():  # training: the plain nn.Linear, with gradients
+        return self._plain_forward(x)
+    return torch.ops.rollout.decode_linear(x, self.weight, self.bias)
 
 
 def _fusable(module: nn.Module | None, classes: set[str], fused_buffer: str) -> bool:
@@ -127,11 +171,11 @@ def _fused_attention_forward(
         **kwargs,
     )
     out = out.reshape(*input_shape, -1).contiguous()
-    return self.o_proj(out), weights
+    return _project(self.o_proj, out), weights
 
 
 def _fused_mlp_forward(self, x):
     if torch.is_grad_enabled():
         return self._unfused_forward(x)
     gate, up = F.linear(x, self.gate_up_weight, self.gate_up_bias).split(self.gate_up_sizes, dim=-1)
-    return self.down_proj(self.act_fn(gate) * up)
+    return _project(self.down_proj, self.act_fn(gate) * up)

@@ -25,7 +25,7 @@ from rollout.engine.cuda_graph import (
 )
 from rollout.engine.device_timing import DeviceTiming
 from rollout.engine.forward_context import AttentionMetadata, ForwardContext, forward_context
-from rollout.engine.fused_projections import fuse_projections
+from rollout.engine.fused_projections import fuse_projections, route_decode_linears
 from rollout.engine.kv_cache import KVCacheShape, allocate_kv_caches
 from rollout.engine.sampler import Sampler, SamplingTensors
 from rollout.engine.step_inputs import StepInputs
@@ -83,6 +83,8 @@ class ModelRunner:
         name = register_paged_attention()
         if config.fuse_projections:
             fuse_projections(model)  # before compiling: dynamo traces the fused forward
+        if config.triton_linear and device.type == "cuda":
+            route_decode_linears(model)
         if config.compile_model and device.type == "cuda":
             compile_decoder_layers(model)
         if hasattr(model, "set_attn_implementation"):

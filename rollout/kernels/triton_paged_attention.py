@@ -69,7 +69,7 @@ def _decode_kernel(
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT_LEN: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    MERGE_CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     s = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -137,20 +137,33 @@ def _decode_kernel(
     arrived_before = tl.atomic_add(arrivals, 1, sem="acq_rel")
     if arrived_before == num_active - 1:
         tl.store(arrivals, 0)  # reset for the next launch (the next layer or step)
-        m_all = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        weight = tl.zeros([GROUP_PAD], tl.float32)
-        merged = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-        for j in range(0, num_active):
-            # .cg: read through L2, where the other programs' stores landed (L1 is not coherent).
-            lse = tl.load(lse_ptrs + j, mask=head_mask, other=0.0, cache_modifier=".cg")
-            part = tl.load(part_ptrs + j * HEAD_DIM, mask=out_mask, other=0.0, cache_modifier=".cg")
-            m_new = tl.maximum(m_all, lse)
-            alpha = tl.exp(m_all - m_new)
-            w = tl.exp(lse - m_new)
-            merged = merged * alpha[:, None] + part * w[:, None]
-            weight = weight * alpha + w
-            m_all = m_new
-        tl.store(out_ptrs, (merged / weight[:, None]).to(out_ptr.dtype.element_ty), out_mask)
+        # One head at a time, MERGE_CHUNK splits per load (a few L2 round trips, not one per
+        # split: this runs on the kernel's critical path). .cg reads through L2, where the
+        # other programs' stores landed (L1 is not coherent across SMs).
+        c = tl.arange(0, MERGE_CHUNK)
+        for gi in tl.static_range(GROUP):
+            base = (s * NUM_HEADS + kv_head * GROUP + gi) * NUM_SPLITS
+            m_all = tl.full([1], float("-inf"), tl.float32)
+            weight = tl.zeros([1], tl.float32)
+            merged = tl.zeros([BLOCK_D], tl.float32)
+            for c0 in range(0, num_active, MERGE_CHUNK):
+                chunk_mask = c0 + c < num_active
+                lse = tl.load(
+                    part_lse_ptr + base + c0 + c, mask=chunk_mask, other=float("-inf"),
+                    cache_modifier=".cg",
+                )  # fmt: skip
+                parts = tl.load(
+                    part_out_ptr + (base + c0 + c[:, None]) * HEAD_DIM + d[None, :],
+                    mask=chunk_mask[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg",
+                )  # fmt: skip
+                m_new = tl.maximum(m_all, tl.max(lse, 0))
+                alpha = tl.exp(m_all - m_new)
+                w = tl.exp(lse - m_new)
+                merged = merged * alpha + tl.sum(parts * w[:, None], 0)
+                weight = weight * alpha + tl.sum(w, 0)
+                m_all = m_new
+            head_out = out_ptr + s * stride_ot + (kv_head * GROUP + gi) * stride_oh + d
+            tl.store(head_out, (merged / weight).to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 class _ArrivalCounters:
@@ -204,6 +217,7 @@ def decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale, max
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
         BLOCK_N=DECODE_BLOCK_N, SPLIT_LEN=DECODE_SPLIT_LEN, NUM_SPLITS=num_splits,
+        MERGE_CHUNK=min(16, triton.next_power_of_2(num_splits)),
         DOT_PRECISION=_dot_precision(query),
         num_warps=4, num_stages=2,
     )  # fmt: skip

@@ -30,6 +30,18 @@ def test_bench_rollout_smoke_writes_runs_and_a_plot(tmp_path, monkeypatch) -> No
     assert out.with_suffix(".png").exists()
 
 
+def test_bench_rollout_engine_overrides_are_checked_before_any_work() -> None:
+    bench = _script("bench_rollout")
+    assert bench._engine_overrides(["triton_linear=false", "block_size=32"]) == {
+        "triton_linear": False,
+        "block_size": 32,
+    }
+    with pytest.raises(SystemExit, match="unknown engine config key"):
+        bench._engine_overrides(["no_such_setting=1"])
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        bench._engine_overrides(["triton_linear"])
+
+
 @pytest.mark.slow
 def test_bench_scale_smoke_streams_every_token_and_times_the_sync(tmp_path) -> None:
     pytest.importorskip("ray")

@@ -1,0 +1,74 @@
+"""The decode GEMM (rollout::decode_linear) on the GPU: against F.linear, and routed in a model."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rollout.engine.fused_projections import fuse_projections, route_decode_linears
+from rollout.kernels import triton_linear
+from tests.conftest import tiny_model
+
+pytestmark = pytest.mark.gpu
+
+
+def _rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "rows,n,k",
+    # decode batch sizes up to the cap, ragged N and K, w1's widest shapes
+    [(1, 4096, 4096), (7, 1000, 896), (32, 4096, 14336), (64, 6144, 4096), (32, 128256, 4096)],
+)
+def test_decode_linear_matches_f_linear(rows: int, n: int, k: int, dtype: torch.dtype) -> None:
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    x = torch.randn(1, rows, k, device="cuda", dtype=dtype, generator=g)
+    weight = torch.randn(n, k, device="cuda", dtype=dtype, generator=g) * 0.02
+    bias = torch.randn(n, device="cuda", dtype=dtype, generator=g)
+    for b in (None, bias):
+        got = torch.ops.rollout.decode_linear(x, weight, b)
+        assert got.shape == (1, rows, n)
+        assert (
+            _rel_error(got, F.linear(x.float(), weight.float(), None if b is None else b.float()))
+            < 1e-2
+        )
+
+
+def test_more_rows_than_the_cap_use_f_linear(monkeypatch) -> None:
+    def must_not_launch(*args, **kwargs):
+        raise AssertionError("the Triton kernel ran for a prefill-sized input")
+
+    monkeypatch.setattr(triton_linear, "launch", must_not_launch)
+    x = torch.randn(triton_linear.MAX_ROWS + 1, 256, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(torch.ops.rollout.decode_linear(x, weight, None), F.linear(x, weight))
+
+
+def test_routed_model_matches_and_trains_through_plain_linears(monkeypatch) -> None:
+    model = tiny_model("llama").to("cuda", torch.bfloat16)
+    model.set_attn_implementation("sdpa")
+    routed = copy.deepcopy(model)
+    fuse_projections(routed)
+    layers = routed.config.num_hidden_layers
+    assert route_decode_linears(routed) == 2 * layers + 1  # o_proj and down each layer, the head
+    launches = []
+    real_launch = triton_linear.launch
+    monkeypatch.setattr(
+        triton_linear, "launch", lambda *a, **kw: launches.append(1) or real_launch(*a, **kw)
+    )
+    ids = torch.randint(0, model.config.vocab_size, (1, 24), device="cuda")
+    with torch.no_grad():
+        want = model(input_ids=ids, use_cache=False).logits
+        got = routed(input_ids=ids, use_cache=False).logits
+    assert len(launches) == 2 * layers + 1
+    assert _rel_error(got, want) < 2e-2
+    # With autograd on, the plain modules run and the head's weight gets its gradient.
+    launches.clear()
+    routed.lm_head.weight.requires_grad_(True)
+    routed(input_ids=ids, use_cache=False).logits.float().sum().backward()
+    assert not launches and routed.lm_head.weight.grad is not None
