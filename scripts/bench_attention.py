@@ -2,6 +2,8 @@
 
     python scripts/bench_attention.py                   # 64 sequences x 4096 context, Llama-3-8B heads
     python scripts/bench_attention.py --seqs 32 --context 8192
+    python scripts/bench_attention.py --seqs 32 --context 1300 --max-context 2320 --sweep
+                                                        # w1's mean context; try the tile choices
 
 Effective bandwidth = bytes of K and V read (each once) / kernel time (median of do_bench), next
 to torch SDPA on the same KV stored contiguously (no paging) and a plain device copy.
@@ -27,6 +29,10 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument(
+        "--max-context", type=int, default=0, help="the engine's static bound (default: --context)"
+    )
+    parser.add_argument("--sweep", action="store_true", help="also time other decode tile choices")
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
 
@@ -47,8 +53,12 @@ def main() -> None:
     query = torch.randn(s, args.heads, d, device="cuda", dtype=dtype)
     kv_bytes = 2 * s * n * hkv * d * k_cache.element_size()
 
-    def paged():
-        kernels.decode_attention(query, k_cache, v_cache, block_tables, seq_lens, d**-0.5, n)
+    max_context = args.max_context or n
+
+    def paged(tiles=kernels.DECODE_TILES):
+        kernels.decode_attention(
+            query, k_cache, v_cache, block_tables, seq_lens, d**-0.5, max_context, tiles
+        )
 
     k_dense = torch.randn(s, hkv, n, d, device="cuda", dtype=dtype)
     v_dense = torch.randn_like(k_dense)
@@ -77,10 +87,39 @@ def main() -> None:
     )
     for name, r in results.items():
         print(f"  {name:30s} {r['ms']:.3f} ms  {r['tb_per_s']:.2f} TB/s")
+    if args.sweep:
+        results["sweep"] = sweep_decode_tiles(paged, kv_bytes)
     if args.json_out:
         Path(args.json_out).write_text(
             json.dumps({"args": vars(args), "results": results}, indent=1)
         )
+
+
+def sweep_decode_tiles(paged, kv_bytes: int) -> list[dict]:
+    """Median time of the decode kernel for each tile choice, best first (shared-memory misfits
+    are skipped)."""
+    import triton.testing
+
+    from rollout.kernels.triton_paged_attention import DecodeTiles
+
+    choices = [DecodeTiles(256, bn, 4, st) for bn in (32, 64, 128) for st in (2, 3, 4)]
+    choices += [DecodeTiles(512, bn, 4, st) for bn in (64, 128) for st in (2, 3)]
+    choices += [DecodeTiles(256, 64, w, 2) for w in (2, 8)]
+    rows = []
+    for tiles in choices:
+        try:
+            ms = triton.testing.do_bench(
+                lambda t=tiles: paged(t), warmup=25, rep=150, return_mode="median"
+            )
+        except Exception as err:  # noqa: BLE001 - e.g. out of shared memory: not a candidate
+            print(f"  {tiles}: skipped ({type(err).__name__})")
+            continue
+        rows.append({"tiles": vars(tiles), "ms": ms, "tb_per_s": kv_bytes / ms / 1e9})
+    rows.sort(key=lambda r: r["ms"])
+    print("decode tile sweep (best first):")
+    for r in rows:
+        print(f"  {r['tiles']}  {r['ms']:.3f} ms  {r['tb_per_s']:.2f} TB/s")
+    return rows
 
 
 if __name__ == "__main__":

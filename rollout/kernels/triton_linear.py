@@ -57,12 +57,21 @@ def _decode_linear_kernel(
     )
 
 
-def _tiles(n: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, pipeline stages), from bench_gemm.py's sweep on the H200: narrow outputs
-    need narrow column blocks (more programs than SMs) and deep pipelines to keep loads in flight."""
-    if n <= 16384:
-        return 32, 256, 6
-    return 64, 128, 3
+SHARED_MEMORY_BUDGET = 200 * 1024  # of the H200's 227 KiB per block, with room to spare
+
+
+def _tiles(rows: int, n: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, pipeline stages), from bench_gemm.py's sweep on the H200 at 32 rows:
+    narrow outputs need narrow column blocks (more programs than SMs) and deep pipelines to keep
+    loads in flight. Each stage holds an x and a weight tile in shared memory, so more rows
+    leave room for fewer stages."""
+    block_n, block_k, stages = (32, 256, 6) if n <= 16384 else (64, 128, 3)
+    stage_bytes = (_block_m(rows) + block_n) * block_k * 2
+    return block_n, block_k, max(2, min(stages, SHARED_MEMORY_BUDGET // stage_bytes))
+
+
+def _block_m(rows: int) -> int:
+    return max(16, triton.next_power_of_2(rows))
 
 
 def supported(weight: torch.Tensor) -> bool:
@@ -82,7 +91,7 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     x2 = x.reshape(rows, k).contiguous()
     n = weight.shape[0]
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    launch(x2, weight, bias, y, *_tiles(n))
+    launch(x2, weight, bias, y, *_tiles(rows, n))
     return y.view(*x.shape[:-1], n)
 
 
@@ -94,7 +103,7 @@ def launch(x, weight, bias, y, block_n: int, block_k: int, stages: int) -> None:
         x, weight, bias if bias is not None else weight, y, rows, n, k,
         x.stride(0), weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
-        BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCK_M=_block_m(rows), BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=4, num_stages=stages,
     )  # fmt: skip
 

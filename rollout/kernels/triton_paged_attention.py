@@ -13,15 +13,26 @@ CUDA graph.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from rollout.kernels.tiling import EXTEND_BLOCK_M
 
-DECODE_SPLIT_LEN = 256  # tokens of context per decode program
-DECODE_BLOCK_N = 64  # tokens per inner iteration
 EXTEND_BLOCK_N = 64
+
+
+@dataclass(frozen=True)
+class DecodeTiles:
+    split_len: int = 256  # tokens of context per decode program
+    block_n: int = 64  # tokens per inner iteration
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+DECODE_TILES = DecodeTiles()
 
 
 def _dot_precision(query: torch.Tensor) -> str:
@@ -195,12 +206,14 @@ class _ArrivalCounters:
 _ARRIVALS = _ArrivalCounters()
 
 
-def decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len_static):
+def decode_attention(
+    query, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len_static, tiles=DECODE_TILES
+):
     """query [num_seqs, num_heads, head_dim] (one token per sequence) -> same shape."""
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    num_splits = triton.cdiv(max_seq_len_static, DECODE_SPLIT_LEN)
+    num_splits = triton.cdiv(max_seq_len_static, tiles.split_len)
     part_out = torch.empty(
         num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device
     )
@@ -216,10 +229,10 @@ def decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale, max
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
-        BLOCK_N=DECODE_BLOCK_N, SPLIT_LEN=DECODE_SPLIT_LEN, NUM_SPLITS=num_splits,
+        BLOCK_N=tiles.block_n, SPLIT_LEN=tiles.split_len, NUM_SPLITS=num_splits,
         MERGE_CHUNK=min(16, triton.next_power_of_2(num_splits)),
         DOT_PRECISION=_dot_precision(query),
-        num_warps=4, num_stages=2,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return out
 
