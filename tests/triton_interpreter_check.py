@@ -36,8 +36,8 @@ def _reference(case):
 
 def check_decode() -> float:
     worst = 0.0
-    # Lengths around page (16) and split (256) edges, several splits, and zero-length padding.
-    lens = [1, 17, 256, 257, 600, 0, 1000, 512]
+    # Lengths around page (16) and split (512) edges, several splits, and zero-length padding.
+    lens = [1, 17, 511, 513, 600, 0, 1000, 512]
     live = [i for i, n in enumerate(lens) if n]
     for group, head_dim in [(1, 64), (4, 128), (8, 64)]:
         case = make_case(
@@ -57,7 +57,7 @@ def check_decode() -> float:
     case = make_case([4500, 10], [1, 1], 1, 4, 64, 16, torch.float32, "cpu", seed=7)
     got = kernels.decode_attention(
         case["query"], case["k_cache"], case["v_cache"], case["block_tables"], case["seq_lens"],
-        case["scale"], 8192,
+        case["scale"], 8192, kernels.DecodeTiles(split_len=256, block_n=64),
     )  # fmt: skip
     return max(worst, (got - _reference(case)).abs().max().item())
 

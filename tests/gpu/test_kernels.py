@@ -33,8 +33,8 @@ def _rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want.float()).norm() / want.float().norm()).item()
 
 
-# Lengths around block edges (16), split edges (256) and long contexts, mixed in one batch.
-DECODE_LENS = [1, 2, 15, 16, 17, 31, 255, 256, 257, 1000, 4096, 33]
+# Lengths around block edges (16), split edges (512) and long contexts, mixed in one batch.
+DECODE_LENS = [1, 2, 15, 16, 17, 31, 255, 256, 257, 511, 512, 513, 1000, 4096, 33]
 
 
 @pytest.mark.parametrize("group", [1, 4, 8])
@@ -83,7 +83,7 @@ def test_decode_in_one_launch_is_stable_across_graph_replays() -> None:
     """The last split of each (sequence, KV head) merges the others' partial results: replaying a
     graph of many launches must give the eager result every time (counters reset, no stale
     reads)."""
-    lens = [4096, 300, 257, 1, 2000, 256, 3000, 0] * 4
+    lens = [4096, 600, 513, 1, 2000, 512, 3000, 0] * 4
     case = make_case(
         [max(n, 1) for n in lens], [1] * len(lens), 8, 4, 128, 16, torch.bfloat16, "cuda"
     )
