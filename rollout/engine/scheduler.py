@@ -86,6 +86,7 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         assert seq.status is Status.WAITING and not seq.block_table
+        seq.token_limit = self._token_limit(seq)
         _insort(self.waiting, seq)
 
     def has_unfinished(self) -> bool:
@@ -114,17 +115,30 @@ class Scheduler:
 
         # Running sequences first, oldest first. Iterate over a snapshot: preemption edits the list.
         chunks = plan.chunks
+        block_size, ref_counts = self.block_manager.block_size, self.block_manager.ref_counts
+        running = Status.RUNNING
         for seq in list(self.running):
             if budget == 0 or len(chunks) == self.max_num_seqs:
                 break
             num_tokens = len(seq.token_ids)
-            if seq.status is not Status.RUNNING or num_tokens >= self._token_limit(seq):
+            if seq.status is not running or num_tokens >= seq.token_limit:
                 continue  # preempted just now, or its last token is in flight
-            num_new = min(num_tokens - seq.num_computed_tokens, budget)
-            needed = self._make_room(seq, num_new, in_step, plan)
-            if needed >= 0:
-                budget -= self._add_chunk(plan, seq, num_new, needed)
-                in_step.add(seq.seq_id)
+            start = seq.num_computed_tokens
+            num_new = min(num_tokens - start, budget)
+            if (
+                num_new == 1
+                and start % block_size
+                and ref_counts[seq.block_table[start // block_size]] == 1
+            ):
+                # The common decode step (this loop's hot path, once per sequence per step): the
+                # token lands in the sequence's own, unshared, partly filled last block.
+                needed = 0
+            else:
+                needed = self._make_room(seq, num_new, in_step, plan)
+                if needed < 0:
+                    continue
+            budget -= self._add_chunk(plan, seq, num_new, needed)
+            in_step.add(seq.seq_id)
 
         # Then admissions, unless this step had to preempt (the cache is full: admitting now would
         # only churn, and a just-preempted sequence may still wait for its in-flight token).
@@ -177,7 +191,7 @@ class Scheduler:
             params = seq.params
             if token in params.stop_token_ids or (not params.ignore_eos and token in eos):
                 reason = "stop"
-            elif position + 1 >= self._token_limit(seq):
+            elif position + 1 >= seq.token_limit:
                 reason = "length"
             else:
                 continue
@@ -190,7 +204,7 @@ class Scheduler:
     def _add_chunk(self, plan: StepPlan, seq: Sequence, num_new: int, blocks_needed: int) -> int:
         start = seq.num_computed_tokens
         end = start + num_new
-        assert num_new > 0 and end <= seq.num_tokens
+        assert num_new > 0 and end <= len(seq.token_ids)
         if blocks_needed:  # else the blocks are there and unshared: nothing to allocate or copy
             plan.block_copies += self.block_manager.append(seq.block_table, start, end)
             self.table_rows[seq.table_row, : len(seq.block_table)] = seq.block_table
@@ -199,7 +213,7 @@ class Scheduler:
             assert seq.pending_step == plan.step_id - 1, "placeholder from an older step"
             carry_row = seq.pending_row
         assert PLACEHOLDER not in seq.token_ids[start : end - 1], "placeholder inside a chunk"
-        reaches_end = end == seq.num_tokens
+        reaches_end = end == len(seq.token_ids)
         num_samples = (1 + seq.num_forks_pending) if reaches_end else 0
         chunk_index = len(plan.chunks)
         plan.chunks.append(
@@ -218,7 +232,7 @@ class Scheduler:
     def _append_placeholder(self, plan: StepPlan, seq: Sequence, chunk_index: int) -> None:
         seq.pending_step, seq.pending_row = plan.step_id, len(plan.rows)
         seq.token_ids.append(PLACEHOLDER)
-        plan.rows.append(SampleRow(seq, seq.num_tokens - 1, chunk_index))
+        plan.rows.append(SampleRow(seq, len(seq.token_ids) - 1, chunk_index))
 
     def _fork(self, parent: Sequence, sample_index: int) -> Sequence:
         """A further sample of a group whose prompt was just computed: it shares the prompt's blocks."""
@@ -236,6 +250,7 @@ class Scheduler:
     def _new_sample(self, parent: Sequence, sample_index: int, status: Status) -> Sequence:
         self._next_seq_id += 1
         return Sequence(
+            token_limit=parent.token_limit,
             seq_id=self._next_seq_id,
             request_id=parent.request_id,
             index=parent.index - parent.sample_index + sample_index,

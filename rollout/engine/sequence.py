@@ -63,6 +63,9 @@ class Sequence:
     finish_reason: str | None = None
     error: str | None = None
     num_preemptions: int = 0
+    token_limit: int = 0
+    """Length at which it stops with reason "length" (set by the scheduler: prompt + max_tokens,
+    capped by max_model_len); kept here because every step reads it for every sequence."""
 
     def __post_init__(self) -> None:
         if not self.token_ids:

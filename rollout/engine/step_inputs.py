@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -71,7 +72,7 @@ def build_step_inputs(
     seq_lens = (starts + lens).astype(np.int32)
 
     input_ids = np.fromiter(
-        (t for c in chunks for t in c.token_ids), dtype=np.int64, count=plan.num_tokens
+        chain.from_iterable(c.token_ids for c in chunks), dtype=np.int64, count=plan.num_tokens
     )
     # Token i of chunk s sits at position starts[s] + (i - query_start_loc[s]).
     owner = np.repeat(np.arange(num_seqs), lens)
@@ -115,10 +116,11 @@ def build_step_inputs(
     num_rows = len(rows)
     row_logits = logits_row_of_chunk[[r.chunk_index for r in rows]].astype(np.int64)
     params = [r.seq.params for r in rows]
+    temperature, top_k, top_p, min_p = _sampling_arrays(params)
     seeds = np.fromiter((r.seq.seed for r in rows), dtype=np.uint64, count=num_rows)
     sample_idx = np.fromiter((r.seq.sample_index for r in rows), dtype=np.uint64, count=num_rows)
     out_pos = np.fromiter(
-        (r.position - r.seq.num_prompt_tokens for r in rows), dtype=np.uint64, count=num_rows
+        (r.position - len(r.seq.prompt_token_ids) for r in rows), dtype=np.uint64, count=num_rows
     )
     return StepInputs(
         input_ids=input_ids,
@@ -130,12 +132,32 @@ def build_step_inputs(
         block_tables=block_tables,
         logits_indices=logits_indices.astype(np.int64),
         row_logits=row_logits,
-        temperature=np.array([p.temperature for p in params], dtype=np.float32),
-        top_k=np.array([p.top_k for p in params], dtype=np.int64),
-        top_p=np.array([p.top_p for p in params], dtype=np.float32),
-        min_p=np.array([p.min_p for p in params], dtype=np.float32),
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
         keys=row_keys(seeds, sample_idx, out_pos),
         block_copies=np.array(plan.block_copies, dtype=np.int64).reshape(-1, 2),
         q_block_seq=q_block_seq,
         q_block_start=q_block_start,
+    )
+
+
+def _sampling_arrays(params: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-row temperature, top-k, top-p and min-p. A rollout batch usually shares one
+    SamplingParams object: then each array is one fill instead of a pass over the rows."""
+    n = len(params)
+    if n and all(p is params[0] for p in params):
+        p = params[0]
+        return (
+            np.full(n, p.temperature, dtype=np.float32),
+            np.full(n, p.top_k, dtype=np.int64),
+            np.full(n, p.top_p, dtype=np.float32),
+            np.full(n, p.min_p, dtype=np.float32),
+        )
+    return (
+        np.array([p.temperature for p in params], dtype=np.float32),
+        np.array([p.top_k for p in params], dtype=np.int64),
+        np.array([p.top_p for p in params], dtype=np.float32),
+        np.array([p.min_p for p in params], dtype=np.float32),
     )
