@@ -42,6 +42,11 @@ def test_bench_rollout_engine_overrides_are_checked_before_any_work() -> None:
         bench._engine_overrides(["triton_linear"])
 
 
+def test_bench_host_times_each_part_of_a_decode_step() -> None:
+    schedule, build, process = _script("bench_host").measure(8, 16, 32, steps=10)
+    assert schedule > 0 and build > 0 and process > 0
+
+
 @pytest.mark.slow
 def test_bench_scale_smoke_streams_every_token_and_times_the_sync(tmp_path) -> None:
     pytest.importorskip("ray")

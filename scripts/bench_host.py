@@ -1,0 +1,76 @@
+"""Host work of a decode step without a model: schedule, build the step's inputs, process results.
+
+    python scripts/bench_host.py                  # w3's shape: 256 sequences x (256 + 1024)
+    python scripts/bench_host.py --seqs 32
+
+The overlap loop hides this work behind the GPU only while it is shorter than the GPU step (w3's
+is ~2.7 ms on an H200), so this is the number to watch when the scheduler or the input building
+changes. Runs anywhere (no torch device work); sampled tokens are random.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rollout.engine.block_manager import BlockManager  # noqa: E402
+from rollout.engine.sampling_params import SamplingParams  # noqa: E402
+from rollout.engine.scheduler import Scheduler  # noqa: E402
+from rollout.engine.sequence import Sequence  # noqa: E402
+from rollout.engine.step_inputs import build_step_inputs  # noqa: E402
+
+
+def measure(num_seqs: int, prompt_len: int, new_tokens: int, steps: int, block_size: int = 16):
+    """Median milliseconds per decode step of (schedule, build inputs, process results)."""
+    max_len = prompt_len + new_tokens + block_size
+    blocks = BlockManager(num_seqs * -(-max_len // block_size), block_size)
+    scheduler = Scheduler(blocks, num_seqs, max_num_batched_tokens=8192, max_model_len=max_len)
+    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True, seed=0)
+    rng = np.random.default_rng(0)
+    for i in range(num_seqs):
+        prompt = rng.integers(0, 1000, prompt_len).tolist()
+        scheduler.add(Sequence(i, str(i), i, params, 0, 0, prompt, arrival=i))
+
+    def process(plan) -> None:
+        n = len(plan.rows)
+        scheduler.process_results(plan, rng.integers(0, 1000, n), rng.random(n, np.float32))
+
+    while scheduler.waiting or any(s.num_output_tokens == 0 for s in scheduler.running):
+        process(scheduler.schedule())  # the prefills
+    times = []
+    for _ in range(min(steps, new_tokens - 2)):
+        t0 = time.perf_counter()
+        plan = scheduler.schedule()
+        t1 = time.perf_counter()
+        build_step_inputs(plan, block_size, scheduler.table_rows)
+        t2 = time.perf_counter()
+        process(plan)
+        times.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+    return [1e3 * float(np.median(column)) for column in zip(*times, strict=True)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seqs", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=300)
+    args = parser.parse_args()
+    schedule, build, process = measure(args.seqs, args.prompt_len, args.new_tokens, args.steps)
+    print(
+        f"{args.seqs} sequences, median ms per decode step: schedule {schedule:.3f}, "
+        f"build inputs {build:.3f}, process results {process:.3f}, "
+        f"total {schedule + build + process:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
