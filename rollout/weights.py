@@ -133,6 +133,7 @@ def send_weights(
         flat = _pack([tensors[manifest.names[i]] for i in bucket], manifest.torch_dtype, device)
         group.broadcast(flat)
         sent += flat.numel() * flat.element_size()
+    _wait_for_device(device)
     return sent
 
 
@@ -153,7 +154,16 @@ def receive_weights(group: WeightGroup, manifest: WeightManifest, model: torch.n
                 param.copy_(flat[offset : offset + n].view(param.shape))
                 offset += n
             received += flat.numel() * flat.element_size()
+    _wait_for_device(device)
     return received
+
+
+def _wait_for_device(device: torch.device) -> None:
+    # With NCCL, wait() only orders the current stream after the collective; the host returns at
+    # once. Block here so that a sync's reported time covers the transfer and the copies, and the
+    # caller's "done" means done.
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
 
 
 def free_port() -> int:
