@@ -83,7 +83,7 @@ class ModelRunner:
         name = register_paged_attention()
         if config.fuse_projections:
             fuse_projections(model)  # before compiling: dynamo traces the fused forward
-        if config.triton_linear and device.type == "cuda":
+        if config.triton_linear and self.backend.name == "triton":  # CUDA, with triton installed
             route_decode_linears(model)
         if config.compile_model and device.type == "cuda":
             compile_decoder_layers(model)
