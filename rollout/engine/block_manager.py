@@ -33,6 +33,15 @@ class BlockManager:
         grow = max(0, self.num_blocks_for(end) - len(block_table))
         return grow + (1 if self._needs_copy(block_table, start, end) else 0)
 
+    def writes_in_place(self, block_table: list[int], position: int) -> bool:
+        """Whether the token at `position` goes into the table's own, unshared, partly filled last
+        block: nothing to take or copy. The common decode case, checked per sequence per step,
+        so it skips the general count above."""
+        return (
+            position % self.block_size != 0
+            and self.ref_counts[block_table[position // self.block_size]] == 1
+        )
+
     def can_append(self, block_table: list[int], start: int, end: int) -> bool:
         return self.num_new_blocks_needed(block_table, start, end) <= len(self._free)
 

@@ -115,7 +115,7 @@ class Scheduler:
 
         # Running sequences first, oldest first. Iterate over a snapshot: preemption edits the list.
         chunks = plan.chunks
-        block_size, ref_counts = self.block_manager.block_size, self.block_manager.ref_counts
+        writes_in_place = self.block_manager.writes_in_place
         running = Status.RUNNING
         for seq in list(self.running):
             if budget == 0 or len(chunks) == self.max_num_seqs:
@@ -125,14 +125,8 @@ class Scheduler:
                 continue  # preempted just now, or its last token is in flight
             start = seq.num_computed_tokens
             num_new = min(num_tokens - start, budget)
-            if (
-                num_new == 1
-                and start % block_size
-                and ref_counts[seq.block_table[start // block_size]] == 1
-            ):
-                # The common decode step (this loop's hot path, once per sequence per step): the
-                # token lands in the sequence's own, unshared, partly filled last block.
-                needed = 0
+            if num_new == 1 and writes_in_place(seq.block_table, start):
+                needed = 0  # a decode token into its own block: no room to make
             else:
                 needed = self._make_room(seq, num_new, in_step, plan)
                 if needed < 0:
