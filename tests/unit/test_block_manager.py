@@ -59,6 +59,20 @@ def test_append_grows_table_and_takes_blocks():
     assert_consistent(bm, [table])
 
 
+def test_writes_in_place_only_inside_an_own_unshared_partly_filled_block():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    table: list[int] = []
+    bm.append(table, 0, 6)  # positions 0-5: a full block and a partly filled one
+    assert bm.writes_in_place(table, 6)  # same block as position 5, owned alone
+    assert not bm.writes_in_place(table, 8)  # a block boundary: a new block is needed
+    for position in (6, 8):  # the general count agrees
+        expected = bm.num_new_blocks_needed(table, position, position + 1) == 0
+        assert bm.writes_in_place(table, position) == expected
+    sibling = bm.share(table)  # a forked sample: the partly filled block is now shared
+    assert not bm.writes_in_place(table, 6) and not bm.writes_in_place(sibling, 6)
+    assert bm.num_new_blocks_needed(table, 6, 7) == 1  # copy-on-write
+
+
 def test_empty_append_is_a_no_op():
     bm = BlockManager(num_blocks=2, block_size=2)
     table: list[int] = []
