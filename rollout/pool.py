@@ -93,7 +93,8 @@ class RolloutPool:
         self._group_ids = itertools.count()
         self._stopping = False
         self._weight_group = None
-        self._weight_members: tuple[int, ...] = ()
+        self._weight_members: tuple = ()
+        """(live actor ids, backend) of the current weight group."""
         self._collector = threading.Thread(target=self._collect, name="rollout-pool", daemon=True)
         self._collector.start()
 
@@ -163,7 +164,8 @@ class RolloutPool:
         # Every actor checks names and shapes first; a mismatch raises before anything moves.
         self._ray.get([a.check_weights.remote(manifest) for a in live.values()])
         start = time.perf_counter()
-        if self._weight_members != tuple(live):  # first sync, or an actor died since the last
+        # A new group for the first sync, after an actor died, or when the backend changes.
+        if self._weight_members != (tuple(live), backend):
             # This node's address, which actors on other nodes of a cluster can reach too.
             host, port = self._ray.util.get_node_ip_address(), free_port()
             joins = [
@@ -172,12 +174,13 @@ class RolloutPool:
             ]
             self._weight_group = WeightGroup(host, port, 0, len(live) + 1, backend)
             self._ray.get(joins)
-            self._weight_members = tuple(live)
-        self.version = version if version is not None else self.version + 1
-        receives = [a.receive_weights.remote(manifest, self.version) for a in live.values()]
+            self._weight_members = (tuple(live), backend)
+        new_version = version if version is not None else self.version + 1
+        receives = [a.receive_weights.remote(manifest, new_version) for a in live.values()]
         device = named[0][1].device
         sent = send_weights(self._weight_group, manifest, named, device)
         self._ray.get(receives)
+        self.version = new_version
         return {"seconds": time.perf_counter() - start, "bytes": sent, "version": self.version}
 
     def probe(

@@ -1,7 +1,8 @@
 """Weight sync from the trainer (rank 0) to the rollout engines over a dedicated process group.
 
-The group is built from a TCP store with the backend classes directly (gloo on CPU, NCCL on GPUs),
-so it never touches the trainer's own default process group. Parameters travel by transformers
+The group is built from a TCP store with the backend classes directly (gloo on CPU, NCCL between
+GPUs, and gloo carrying CUDA IPC handles when the trainer and an engine share one GPU: see
+`rollout.weight_ipc`), so it never touches the trainer's own default process group. Parameters travel by transformers
 name, cast to the rollout dtype and packed into buckets (one broadcast each); each receiver copies
 them in place into its engine's parameters, so CUDA graphs captured on those tensors stay valid.
 Names and shapes are checked against every engine before any tensor moves: a mismatch raises an
@@ -17,7 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
+from rollout import weight_ipc
 from rollout.engine.model_loader import TORCH_DTYPES
+
+BACKENDS = ("gloo", "nccl", "cuda_ipc")
 
 DEFAULT_BUCKET_BYTES = 1 << 30
 
@@ -98,26 +102,29 @@ class WeightGroup:
         backend: str,
         timeout_s: float = 600.0,
     ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"weight sync backend must be one of {BACKENDS}; got {backend!r}")
         timeout = datetime.timedelta(seconds=timeout_s)
         self.rank, self.world_size, self.backend = rank, world_size, backend
         self.store = torch.distributed.TCPStore(
             host, port, world_size, is_master=rank == 0, timeout=timeout
         )
-        if backend == "gloo":
+        if backend in ("gloo", "cuda_ipc"):  # cuda_ipc: gloo carries only handles and barriers
             self.group = torch.distributed.ProcessGroupGloo(self.store, rank, world_size, timeout)
-        elif backend == "nccl":
+        else:
             # With a timeout, a sync that cannot proceed fails (NCCL's watchdog aborts it)
             # instead of hanging both sides for good.
             options = torch.distributed.ProcessGroupNCCL.Options()
             options._timeout = timeout
             self.group = torch.distributed.ProcessGroupNCCL(self.store, rank, world_size, options)
-        else:
-            raise ValueError(f"weight sync backend must be 'gloo' or 'nccl'; got {backend!r}")
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         options = torch.distributed.BroadcastOptions()
         options.rootRank = 0
         self.group.broadcast([tensor], options).wait()
+
+    def allreduce(self, tensor: torch.Tensor) -> None:
+        self.group.allreduce([tensor]).wait()
 
 
 def send_weights(
@@ -126,11 +133,22 @@ def send_weights(
     named_tensors: Iterable[tuple[str, torch.Tensor]],
     device: torch.device,
 ) -> int:
-    """Trainer side: pack and broadcast every bucket; returns bytes sent."""
+    """Trainer side: pack and send every bucket; returns bytes sent."""
     tensors = dict(named_tensors)
+    buckets = manifest.buckets()
+
+    def pack(bucket: list[int], out: torch.Tensor) -> None:
+        _pack_into(out, [tensors[manifest.names[i]] for i in bucket])
+
+    if group.backend == "cuda_ipc":
+        numels = [_bucket_numel(manifest, b) for b in buckets]
+        return weight_ipc.send_buckets(group, buckets, numels, manifest.torch_dtype, device, pack)
     sent = 0
-    for bucket in manifest.buckets():
-        flat = _pack([tensors[manifest.names[i]] for i in bucket], manifest.torch_dtype, device)
+    for bucket in buckets:
+        flat = torch.empty(
+            _bucket_numel(manifest, bucket), dtype=manifest.torch_dtype, device=device
+        )
+        pack(bucket, flat)
         group.broadcast(flat)
         sent += flat.numel() * flat.element_size()
     _wait_for_device(device)
@@ -141,18 +159,26 @@ def receive_weights(group: WeightGroup, manifest: WeightManifest, model: torch.n
     """Engine side: receive every bucket and copy it in place into the model's parameters."""
     params = dict(model.named_parameters())
     device = next(iter(params.values())).device
-    received = 0
+    buckets = manifest.buckets()
+
+    def unpack(bucket: list[int], flat: torch.Tensor) -> None:
+        offset = 0
+        for i in bucket:
+            param = params[manifest.names[i]]
+            n = param.numel()
+            param.copy_(flat[offset : offset + n].view(param.shape))
+            offset += n
+
     with torch.no_grad():
-        for bucket in manifest.buckets():
-            numel = sum(_numel(manifest.shapes[i]) for i in bucket)
+        if group.backend == "cuda_ipc":
+            numels = [_bucket_numel(manifest, b) for b in buckets]
+            return weight_ipc.receive_buckets(group, buckets, numels, device, unpack)
+        received = 0
+        for bucket in buckets:
+            numel = _bucket_numel(manifest, bucket)
             flat = torch.empty(numel, dtype=manifest.torch_dtype, device=device)
             group.broadcast(flat)
-            offset = 0
-            for i in bucket:
-                param = params[manifest.names[i]]
-                n = param.numel()
-                param.copy_(flat[offset : offset + n].view(param.shape))
-                offset += n
+            unpack(bucket, flat)
             received += flat.numel() * flat.element_size()
     _wait_for_device(device)
     return received
@@ -172,14 +198,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _pack(tensors: list[torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    flat = torch.empty(sum(t.numel() for t in tensors), dtype=dtype, device=device)
+def _pack_into(out: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    """Cast and copy `tensors` one after another into the flat `out`."""
     offset = 0
-    for t in tensors:
-        n = t.numel()
-        flat[offset : offset + n].copy_(t.detach().reshape(-1))
-        offset += n
-    return flat
+    with torch.no_grad():
+        for t in tensors:
+            n = t.numel()
+            out[offset : offset + n].copy_(t.detach().reshape(-1))
+            offset += n
+
+
+def _bucket_numel(manifest: WeightManifest, bucket: list[int]) -> int:
+    return sum(_numel(manifest.shapes[i]) for i in bucket)
 
 
 def _numel(shape: tuple[int, ...]) -> int:

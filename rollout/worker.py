@@ -96,7 +96,7 @@ class RolloutWorker:
         self, host: str, port: int, rank: int, world_size: int, backend: str
     ) -> None:
         """Join the trainer's weight-sync process group (blocks until every member joined)."""
-        if backend == "nccl":
+        if backend in ("nccl", "cuda_ipc"):
             torch.cuda.set_device(self.engine.device)
         self._weight_group = WeightGroup(host, port, rank, world_size, backend)
 

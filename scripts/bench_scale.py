@@ -3,21 +3,26 @@ the time to sync a model's weights from a trainer process to all of them.
 
     python scripts/bench_scale.py --workload w1 --actors 1,2 --json-out out/scale.json   # GPUs
     python scripts/bench_scale.py --smoke                                                # CPU
+    python scripts/bench_scale.py --workload w1 --actors 1 --no-throughput \
+        --sync-backend cuda_ipc,gloo                     # one GPU: trainer and actor share it
 
 Each actor owns one GPU (CPU: one CPU actor each) and gets the workload's whole request mix, so
 N actors generate N times the tokens of one (weak scaling); efficiency = tokens/s at N actors /
 (N x tokens/s at 1 actor). Weights are random (load_format="dummy" from a config.json written
 here), EOS is ignored, every sample streams back through the pool as it finishes.
 
-Weight sync: the trainer side holds the same model in this process (on GPU 0, which no actor
-uses: only actor counts below the GPU count are synced) and broadcasts it over NCCL (gloo
-on CPU) with `RolloutPool.sync_weights`, `--sync-repeats` times; the first sync also builds the
-process group and is reported apart.
+Weight sync: the trainer side holds the same model in this process and sends it with
+`RolloutPool.sync_weights`, `--sync-repeats` times per backend; the first sync also builds the
+process group and is reported apart. With several GPUs the trainer keeps GPU 0, which no actor
+uses (only actor counts below the GPU count are synced), and `--sync-backend auto` is NCCL; on a
+machine with one GPU a single actor shares it with the trainer (its engine held to 45% of the
+memory, as the job places them) and auto is CUDA IPC; on CPU, gloo.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -69,31 +74,47 @@ def run_throughput(pool, workload, num_actors: int, prompts: list[list[int]]) ->
     }
 
 
-def run_weight_sync(pool, workload, repeats: int, device: str) -> dict:
+def run_weight_sync(pool, workload, repeats: int, device: str, backends: list[str]) -> list:
+    """One timing per backend, each with its own process group, all in this one run."""
     import torch
 
     from rollout.benchmark.workloads import build_model
 
     model = build_model(workload.model, workload.dtype, device)  # the "trainer's" copy
     named = list(model.named_parameters())
-    backend = "nccl" if device.startswith("cuda") else "gloo"
-    times = []
-    for _ in range(repeats + 1):
-        pool.pause()
-        result = pool.sync_weights(named, backend=backend)
-        pool.resume()
-        times.append(result["seconds"])
-    gib = result["bytes"] / 2**30
+    results = []
+    for backend in backends:
+        times = []
+        for _ in range(repeats + 1):
+            pool.pause()
+            result = pool.sync_weights(named, backend=backend)
+            pool.resume()
+            times.append(result["seconds"])
+        results.append(
+            {
+                "backend": backend,
+                "gib": result["bytes"] / 2**30,
+                "first_sync_s": times[0],
+                "sync_s": times[1:],
+                "median_sync_s": statistics.median(times[1:]),
+            }
+        )
     del model, named
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
-    return {
-        "backend": backend,
-        "gib": gib,
-        "first_sync_s": times[0],
-        "sync_s": times[1:],
-        "median_sync_s": statistics.median(times[1:]),
-    }
+    return results
+
+
+def sync_backends(choice: str, num_gpus: int, shared_gpu: bool) -> list[str]:
+    auto = "cuda_ipc" if shared_gpu else "nccl" if num_gpus else "gloo"
+    backends = [auto if b == "auto" else b for b in choice.split(",") if b]
+    allowed = {"gloo", auto}
+    if any(b not in allowed for b in backends):
+        raise SystemExit(
+            f"--sync-backend {choice}: this layout can use {sorted(allowed)} (cuda_ipc needs the "
+            "trainer and the actor on one GPU, nccl a GPU each)"
+        )
+    return backends
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,6 +125,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny model, CPU actors")
     parser.add_argument("--actors", default="1,2", help="comma-separated actor counts")
     parser.add_argument("--sync-repeats", type=int, default=3, help="0: no weight-sync timing")
+    parser.add_argument(
+        "--sync-backend",
+        default="auto",
+        help="comma-separated, each timed in turn: auto (nccl / cuda_ipc on one GPU / gloo), gloo",
+    )
     parser.add_argument("--no-throughput", action="store_true", help="weight sync only")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--json-out", default="")
@@ -154,15 +180,24 @@ def main(argv: list[str] | None = None) -> None:
     }
     for n in counts:
         print(f"[scale] {name}: {n} actor(s) ...", flush=True)
-        sync = args.sync_repeats > 0 and (num_gpus == 0 or n < num_gpus)
-        # With a sync to time, the trainer keeps GPU 0 and Ray is started seeing only the others.
-        with ray_sees(list(range(1, num_gpus)) if sync and num_gpus else None):
+        # One GPU: the trainer and a single actor share it, as the GRPO job places them.
+        shared = args.sync_repeats > 0 and num_gpus == 1 and n == 1
+        sync = args.sync_repeats > 0 and (num_gpus == 0 or n < num_gpus or shared)
+        backends = sync_backends(args.sync_backend, num_gpus, shared) if sync else []
+        # With a sync to time on separate GPUs, the trainer keeps GPU 0 and Ray sees the others.
+        separate = sync and num_gpus > 1
+        with ray_sees(list(range(1, num_gpus)) if separate else None):
             ray.init(
-                num_gpus=num_gpus - 1 if sync and num_gpus else num_gpus,
+                num_gpus=num_gpus - 1 if separate else num_gpus,
                 include_dashboard=False,
                 configure_logging=False,
             )
-        pool = RolloutPool(engine, n, num_gpus_per_actor=1.0 if num_gpus else 0.0)
+        actor_engine = engine
+        if shared:
+            util = min(engine.gpu_memory_utilization, 0.45)
+            actor_engine = dataclasses.replace(engine, gpu_memory_utilization=util)
+        gpus_per_actor = (0.5 if shared else 1.0) if num_gpus else 0.0
+        pool = RolloutPool(actor_engine, n, num_gpus_per_actor=gpus_per_actor)
         try:
             run: dict = {"actors": n}
             if not args.no_throughput:
@@ -170,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
             if sync:
                 trainer_device = "cuda:0" if num_gpus else "cpu"
                 run["weight_sync"] = run_weight_sync(
-                    pool, workload, args.sync_repeats, trainer_device
+                    pool, workload, args.sync_repeats, trainer_device, backends
                 )
             report["runs"].append(run)
         finally:
@@ -195,10 +230,10 @@ def _print_run(r: dict) -> None:
     parts = [f"[scale]   {r['actors']} actor(s):"]
     if "tokens_per_s" in r:
         parts.append(f"{r['tokens_per_s']:,.0f} tok/s over {r['wall_s']:.1f} s")
-    if "weight_sync" in r:
-        w = r["weight_sync"]
+    for w in r.get("weight_sync", []):
         parts.append(
-            f"sync {w['gib']:.1f} GiB: {w['median_sync_s']:.3f} s (first {w['first_sync_s']:.2f} s)"
+            f"sync {w['gib']:.1f} GiB over {w['backend']}: {w['median_sync_s']:.3f} s"
+            f" (first {w['first_sync_s']:.2f} s)"
         )
     print(" ".join(parts), flush=True)
 
@@ -207,15 +242,16 @@ def _print_table(report: dict) -> None:
     print(
         f"\n{report['workload']} on {report['device']} (commit {report['commit']}, {report['date']})"
     )
-    print("| actors | tok/s | efficiency | weight sync (median) | first sync |")
-    print("|---|---|---|---|---|")
+    print("| actors | tok/s | efficiency | sync backend | weight sync (median) | first sync |")
+    print("|---|---|---|---|---|---|")
     for r in report["runs"]:
-        w = r.get("weight_sync", {})
         tps = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "-"
         eff = f"{r['efficiency']:.3f}" if "efficiency" in r else "-"
-        sync = f"{w['median_sync_s']:.3f} s" if w else "-"
-        first = f"{w['first_sync_s']:.2f} s" if w else "-"
-        print(f"| {r['actors']} | {tps} | {eff} | {sync} | {first} |")
+        for w in r.get("weight_sync") or [{}]:
+            backend = w.get("backend", "-")
+            sync = f"{w['median_sync_s']:.3f} s" if w else "-"
+            first = f"{w['first_sync_s']:.2f} s" if w else "-"
+            print(f"| {r['actors']} | {tps} | {eff} | {backend} | {sync} | {first} |")
 
 
 if __name__ == "__main__":

@@ -57,8 +57,10 @@ class RolloutConfig:
     )
     """EngineConfig fields for each actor (the model path is filled in)."""
     weight_sync_backend: str = "auto"
-    """"auto": "nccl" when the trainer and every actor have GPUs of their own, else "gloo" (CPU,
-    or a trainer and an actor sharing one GPU, which NCCL does not allow)."""
+    """"auto": "nccl" when the trainer and every actor have GPUs of their own, "cuda_ipc" when the
+    trainer and one actor share a single GPU (NCCL refuses two ranks on one device; the actor maps
+    the trainer's buffer and copies on the GPU), "gloo" on CPU (through host memory: it also
+    works between GPUs, slowly)."""
 
 
 @dataclass(frozen=True)
@@ -99,9 +101,9 @@ class JobConfig:
             raise ValueError(
                 f"wandb.mode must be offline, online or disabled; got {self.wandb.mode!r}"
             )
-        if self.rollout.weight_sync_backend not in ("auto", "gloo", "nccl"):
+        if self.rollout.weight_sync_backend not in ("auto", "gloo", "nccl", "cuda_ipc"):
             raise ValueError(
-                "rollout.weight_sync_backend must be auto, gloo or nccl; "
+                "rollout.weight_sync_backend must be auto, gloo, nccl or cuda_ipc; "
                 f"got {self.rollout.weight_sync_backend!r}"
             )
         for name in ("max_steps", "num_generations", "prompts_per_step", "max_completion_length"):

@@ -1,7 +1,7 @@
 """The GRPO job and weight sync with rollout actors on GPUs (run on the GPU machine, with
 `.devkit` for ray/trl/datasets).
 
-On one GPU the trainer and one actor share it (weights over gloo); with two or more GPUs the
+On one GPU the trainer and one actor share it (weights over CUDA IPC); with two or more GPUs the
 trainer takes the first and an actor the next (weights over NCCL). Run the file once with
 `CUDA_VISIBLE_DEVICES=0` and once with two GPUs to cover both placements.
 """
@@ -44,33 +44,52 @@ def test_three_grpo_steps_with_an_actor_on_the_gpu(tmp_path, policy_dir, prompts
     parity = [d for d in summary["logprob_max_abs_diff"] if d is not None]
     # fp32 on both sides; the actor runs Triton paged attention and CUDA graphs.
     assert parity and max(parity) < 1e-3
-    expected_backend = "nccl" if torch.cuda.device_count() > 1 else "gloo"
+    expected_backend = "nccl" if torch.cuda.device_count() > 1 else "cuda_ipc"
     assert summary["weight_sync_backend"] == expected_backend
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (nvidia-h200-x2)")
 def test_nccl_sync_to_an_actor_on_another_gpu(policy_dir) -> None:
-    from rollout import EngineConfig
-    from rollout.pool import RolloutPool
-    from trainers.job import logprob_parity
     from trainers.placement import ray_sees
 
     with ray_sees([1]):  # the actor on GPU 1, the trainer keeps GPU 0 (as the job places them)
         ray.init(num_gpus=1, include_dashboard=False, configure_logging=False)
+    _sync_twice_and_compare(policy_dir, gpus_per_actor=1.0, backend="nccl", actor_gpu="1")
+
+
+def test_cuda_ipc_sync_to_an_actor_sharing_the_trainers_gpu(policy_dir) -> None:
+    from trainers.placement import ray_sees
+
+    with ray_sees([0]):  # the actor on GPU 0 with the trainer, as the job places them on one GPU
+        ray.init(num_gpus=1, include_dashboard=False, configure_logging=False)
+    _sync_twice_and_compare(policy_dir, gpus_per_actor=0.5, backend="cuda_ipc", actor_gpu="0")
+
+
+def _sync_twice_and_compare(policy_dir, gpus_per_actor: float, backend: str, actor_gpu) -> None:
+    from rollout import EngineConfig
+    from rollout.pool import RolloutPool
+    from trainers.job import logprob_parity
+
     pool = None
     try:
         engine = EngineConfig(
-            model=policy_dir, device="cuda", dtype="float32", max_model_len=64, compile_model=False
+            model=policy_dir,
+            device="cuda",
+            dtype="float32",
+            max_model_len=64,
+            compile_model=False,
+            gpu_memory_utilization=0.3,
         )
-        pool = RolloutPool(engine, 1, num_gpus_per_actor=1.0)
+        pool = RolloutPool(engine, 1, num_gpus_per_actor=gpus_per_actor)
         trainer_model = tiny_model("llama", seed=11).to("cuda:0")  # other weights than the actor's
         assert pool.probe([1, 2], max_tokens=1)["token_ids"], "the actor answers"
-        assert ray.get(pool.actors[0].gpu_ids.remote()) == ["1"], "the actor is on GPU 1"
+        if actor_gpu is not None:
+            assert ray.get(pool.actors[0].gpu_ids.remote()) == [actor_gpu], "the actor's GPU"
         prompt = [5, 17, 33, 8]
         assert logprob_parity(pool, trainer_model, prompt) > 1e-2, "different weights differ"
         for _ in range(2):  # the second sync reuses the group
             pool.pause()
-            result = pool.sync_weights(trainer_model.named_parameters(), backend="nccl")
+            result = pool.sync_weights(trainer_model.named_parameters(), backend=backend)
             pool.resume()
             assert result["bytes"] > 0
         assert pool.version == 2

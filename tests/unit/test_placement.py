@@ -14,11 +14,13 @@ def test_cpu_uses_cpu_actors_and_gloo() -> None:
     assert p.weight_sync_backend == "gloo"
 
 
-def test_one_gpu_is_shared_and_syncs_over_gloo() -> None:
+def test_one_gpu_is_shared_and_syncs_over_cuda_ipc() -> None:
     p = plan_placement(RolloutConfig(), num_gpus=1)
     assert (p.num_actors, p.gpus_per_actor, p.trainer_device) == (1, 0.5, "cuda:0")
     assert p.engine_overrides["gpu_memory_utilization"] < 0.5
-    assert p.weight_sync_backend == "gloo", "NCCL refuses two ranks on one GPU"
+    assert p.weight_sync_backend == "cuda_ipc", "NCCL refuses two ranks on one GPU"
+    forced = plan_placement(RolloutConfig(weight_sync_backend="gloo"), num_gpus=1)
+    assert forced.weight_sync_backend == "gloo"
 
 
 def test_several_gpus_give_the_trainer_the_first_and_nccl() -> None:
@@ -34,6 +36,12 @@ def test_explicit_nccl_without_own_gpus_is_an_error_that_says_what_to_use() -> N
         plan_placement(RolloutConfig(weight_sync_backend="nccl"), num_gpus=1)
     forced = plan_placement(RolloutConfig(weight_sync_backend="gloo"), num_gpus=2)
     assert forced.weight_sync_backend == "gloo"
+
+
+def test_explicit_cuda_ipc_needs_a_shared_gpu() -> None:
+    for gpus in (0, 2):
+        with pytest.raises(ValueError, match="same GPU"):
+            plan_placement(RolloutConfig(weight_sync_backend="cuda_ipc"), num_gpus=gpus)
 
 
 def test_ray_visible_devices_map_through_an_existing_mask() -> None:

@@ -1,0 +1,57 @@
+"""Weight sync over CUDA IPC between two processes on one GPU, without Ray: many small buckets
+through one reused staging buffer must arrive exactly, cast to the rollout dtype."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import pytest
+import torch
+
+from tests.conftest import tiny_model
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+
+
+def _engine_side(port: int, manifest, results) -> None:
+    from rollout.weights import WeightGroup, receive_weights
+
+    try:
+        torch.cuda.set_device(0)
+        model = tiny_model("llama", seed=1).to("cuda", torch.bfloat16)
+        group = WeightGroup("127.0.0.1", port, 1, 2, "cuda_ipc", timeout_s=120)
+        for _ in range(2):  # the second sync maps a new staging buffer through the same group
+            received = receive_weights(group, manifest, model)
+        results.put(("ok", received, {n: p.float().cpu() for n, p in model.named_parameters()}))
+    except BaseException as e:  # report, or the parent waits for the timeout
+        results.put(("error", repr(e), None))
+
+
+def test_many_buckets_arrive_exactly_through_one_staging_buffer() -> None:
+    from rollout.weights import WeightGroup, free_port, manifest_for, send_weights
+
+    trainer = tiny_model("llama", seed=7).to("cuda:0")  # fp32: the sender casts to bf16
+    named = list(trainer.named_parameters())
+    manifest = manifest_for(named, torch.bfloat16, bucket_bytes=64 * 1024)
+    assert len(manifest.buckets()) > 4, "several buckets reuse the staging buffer"
+    port = free_port()
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    engine = ctx.Process(target=_engine_side, args=(port, manifest, results))
+    engine.start()
+    try:
+        group = WeightGroup("127.0.0.1", port, 0, 2, "cuda_ipc", timeout_s=120)
+        for _ in range(2):
+            sent = send_weights(group, manifest, named, torch.device("cuda:0"))
+        status, received, params = results.get(timeout=180)
+    finally:
+        engine.join(timeout=60)
+        if engine.is_alive():
+            engine.kill()
+    assert status == "ok", received
+    assert received == sent > 0
+    for name, p in named:
+        expected = p.detach().to(torch.bfloat16).float().cpu()
+        assert torch.equal(params[name], expected), name
