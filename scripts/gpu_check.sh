@@ -5,7 +5,7 @@
 # Logs and JSON go to $OUT (or ./gpu_out). Each part has its own time limit so one hang
 # cannot eat the others' time.
 set -o pipefail
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/device.txt"
