@@ -90,6 +90,7 @@ def run_weight_sync(pool, workload, repeats: int, device: str, backends: list[st
             result = pool.sync_weights(named, backend=backend)
             pool.resume()
             times.append(result["seconds"])
+            print(f"[scale]   sync over {backend}: {times[-1]:.3f} s", flush=True)
         results.append(
             {
                 "backend": backend,

@@ -16,8 +16,11 @@ if not torch.cuda.is_available():
 
 
 def _engine_side(port: int, manifest, results) -> None:
+    import faulthandler
+
     from rollout.weights import WeightGroup, receive_weights
 
+    faulthandler.dump_traceback_later(150, exit=True)  # a hang shows where, then ends
     try:
         torch.cuda.set_device(0)
         model = tiny_model("llama", seed=1).to("cuda", torch.bfloat16)
