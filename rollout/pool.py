@@ -13,6 +13,7 @@ import itertools
 import queue
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,14 +167,7 @@ class RolloutPool:
         start = time.perf_counter()
         # A new group for the first sync, after an actor died, or when the backend changes.
         if self._weight_members != (tuple(live), backend):
-            # This node's address, which actors on other nodes of a cluster can reach too.
-            host, port = self._ray.util.get_node_ip_address(), free_port()
-            joins = [
-                a.join_weight_group.remote(host, port, rank + 1, len(live) + 1, backend)
-                for rank, a in enumerate(live.values())
-            ]
-            self._weight_group = WeightGroup(host, port, 0, len(live) + 1, backend)
-            self._ray.get(joins)
+            self._weight_group = self._join_weight_group(live, backend)
             self._weight_members = (tuple(live), backend)
         new_version = version if version is not None else self.version + 1
         receives = [a.receive_weights.remote(manifest, new_version) for a in live.values()]
@@ -182,6 +176,36 @@ class RolloutPool:
         self._ray.get(receives)
         self.version = new_version
         return {"seconds": time.perf_counter() - start, "bytes": sent, "version": self.version}
+
+    def _join_weight_group(self, live: dict, backend: str) -> WeightGroup:
+        """Build the trainer + actors group. Rank 0's side waits for every member to connect,
+        so it runs on a helper thread while this one watches the actors' joins: an actor that
+        fails to join raises here at once instead of leaving rank 0 waiting out its timeout."""
+        # This node's address, which actors on other nodes of a cluster can reach too.
+        host, port = self._ray.util.get_node_ip_address(), free_port()
+        world = len(live) + 1
+        joins = [
+            a.join_weight_group.remote(host, port, rank + 1, world, backend)
+            for rank, a in enumerate(live.values())
+        ]
+        group: Future = Future()
+
+        def build() -> None:
+            try:
+                group.set_result(WeightGroup(host, port, 0, world, backend))
+            except BaseException as e:
+                group.set_exception(e)
+
+        # A daemon thread: after a failed join it waits out its timeout without holding up exit.
+        threading.Thread(target=build, name="weight-group", daemon=True).start()
+        try:
+            self._ray.get(joins)
+        except Exception as e:
+            cause = getattr(e, "cause", None) or e  # the actor's own exception, not Ray's wrapper
+            raise RuntimeError(
+                f"a rollout actor could not join the weight-sync group ({backend}): {cause}"
+            ) from e
+        return group.result()
 
     def probe(
         self, prompt_token_ids: list[int], max_tokens: int = 16, actor: int | None = None

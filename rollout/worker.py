@@ -97,7 +97,16 @@ class RolloutWorker:
     ) -> None:
         """Join the trainer's weight-sync process group (blocks until every member joined)."""
         if backend in ("nccl", "cuda_ipc"):
-            torch.cuda.set_device(self.engine.device)
+            device = self.engine.device
+            if device.type != "cuda":
+                raise ValueError(
+                    f"weight sync over {backend} needs the engine on a GPU; it is on {device}. "
+                    "Use gloo"
+                )
+            # The engine's device may carry no index ("cuda"), which set_device refuses.
+            torch.cuda.set_device(
+                device.index if device.index is not None else torch.cuda.current_device()
+            )
         self._weight_group = WeightGroup(host, port, rank, world_size, backend)
 
     def check_weights(self, manifest: WeightManifest) -> None:

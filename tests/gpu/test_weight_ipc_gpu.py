@@ -37,7 +37,7 @@ def test_many_buckets_arrive_exactly_through_one_staging_buffer() -> None:
 
     trainer = tiny_model("llama", seed=7).to("cuda:0")  # fp32: the sender casts to bf16
     named = list(trainer.named_parameters())
-    manifest = manifest_for(named, torch.bfloat16, bucket_bytes=64 * 1024)
+    manifest = manifest_for(named, torch.bfloat16, bucket_bytes=16 * 1024)
     assert len(manifest.buckets()) > 4, "several buckets reuse the staging buffer"
     port = free_port()
     ctx = mp.get_context("spawn")

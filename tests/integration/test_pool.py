@@ -140,3 +140,25 @@ def test_weight_sync_over_gloo_matches_the_trainer(ray_cluster, model_dir) -> No
         assert (fresh - torch.tensor(again["logprobs"])).abs().max().item() < 1e-4
     finally:
         pool.shutdown()
+
+
+def test_an_actor_that_cannot_join_the_weight_group_fails_the_sync_at_once(
+    ray_cluster, model_dir
+) -> None:
+    """The trainer's side of the group waits for every member; an actor that cannot join (here:
+    CUDA IPC asked of a CPU engine) must surface its error, not leave the trainer waiting."""
+    import time
+
+    from rollout.pool import RolloutPool
+
+    trainer = tiny_model("llama", seed=99)
+    pool = RolloutPool(_config(model_dir), num_actors=1)
+    try:
+        start = time.perf_counter()
+        with pytest.raises(RuntimeError, match="could not join.*needs the engine on a GPU"):
+            pool.sync_weights(trainer.named_parameters(), backend="cuda_ipc")
+        assert time.perf_counter() - start < 60
+        result = pool.sync_weights(trainer.named_parameters(), backend="gloo")  # still usable
+        assert result["version"] == 1
+    finally:
+        pool.shutdown()
