@@ -20,11 +20,12 @@ def _engine_side(port: int, manifest, results) -> None:
 
     from rollout.weights import WeightGroup, receive_weights
 
-    faulthandler.dump_traceback_later(150, exit=True)  # a hang shows where, then ends
+    faulthandler.dump_traceback_later(100, exit=True)  # a hang shows where, then ends
     try:
         torch.cuda.set_device(0)
         model = tiny_model("llama", seed=1).to("cuda", torch.bfloat16)
-        group = WeightGroup("127.0.0.1", port, 1, 2, "cuda_ipc", timeout_s=120)
+        print("[engine] joining", flush=True)
+        group = WeightGroup("127.0.0.1", port, 1, 2, "cuda_ipc", timeout_s=60)
         for _ in range(2):  # the second sync maps a new staging buffer through the same group
             received = receive_weights(group, manifest, model)
         results.put(("ok", received, {n: p.float().cpu() for n, p in model.named_parameters()}))
@@ -45,10 +46,12 @@ def test_many_buckets_arrive_exactly_through_one_staging_buffer() -> None:
     engine = ctx.Process(target=_engine_side, args=(port, manifest, results))
     engine.start()
     try:
-        group = WeightGroup("127.0.0.1", port, 0, 2, "cuda_ipc", timeout_s=120)
-        for _ in range(2):
+        print("[trainer] waiting for the engine process to join", flush=True)
+        group = WeightGroup("127.0.0.1", port, 0, 2, "cuda_ipc", timeout_s=60)
+        for k in range(2):
             sent = send_weights(group, manifest, named, torch.device("cuda:0"))
-        status, received, params = results.get(timeout=180)
+            print(f"[trainer] sync {k + 1} sent {sent} bytes", flush=True)
+        status, received, params = results.get(timeout=60)
     finally:
         engine.join(timeout=60)
         if engine.is_alive():
