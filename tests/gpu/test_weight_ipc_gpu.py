@@ -28,7 +28,9 @@ def _engine_side(port: int, manifest, results) -> None:
         group = WeightGroup("127.0.0.1", port, 1, 2, "cuda_ipc", timeout_s=60)
         for _ in range(2):  # the second sync maps a new staging buffer through the same group
             received = receive_weights(group, manifest, model)
-        results.put(("ok", received, {n: p.float().cpu() for n, p in model.named_parameters()}))
+        results.put(
+            ("ok", received, {n: p.detach().float().cpu() for n, p in model.named_parameters()})
+        )
     except BaseException as e:  # report, or the parent waits for the timeout
         results.put(("error", repr(e), None))
 
