@@ -28,9 +28,9 @@ def _engine_side(port: int, manifest, results) -> None:
         group = WeightGroup("127.0.0.1", port, 1, 2, "cuda_ipc", timeout_s=60)
         for _ in range(2):  # the second sync maps a new staging buffer through the same group
             received = receive_weights(group, manifest, model)
-        results.put(
-            ("ok", received, {n: p.detach().float().cpu() for n, p in model.named_parameters()})
-        )
+        # numpy arrays travel by value; torch CPU tensors would need this process alive.
+        params = {n: p.detach().float().cpu().numpy() for n, p in model.named_parameters()}
+        results.put(("ok", received, params))
     except BaseException as e:  # report, or the parent waits for the timeout
         results.put(("error", repr(e), None))
 
@@ -62,4 +62,4 @@ def test_many_buckets_arrive_exactly_through_one_staging_buffer() -> None:
     assert received == sent > 0
     for name, p in named:
         expected = p.detach().to(torch.bfloat16).float().cpu()
-        assert torch.equal(params[name], expected), name
+        assert torch.equal(torch.from_numpy(params[name]), expected), name
