@@ -37,6 +37,17 @@ QWEN25_15B = dict(
     rope_theta=1000000.0,
     tie_word_embeddings=True,
 )
+SMOLLM2_135M = dict(  # the built-in model's shape, for CPU runs
+    arch="llama",
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    vocab_size=49152,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+)
 TINY = dict(
     arch="llama",
     hidden_size=64,
@@ -70,6 +81,7 @@ SHAPES = {
     "llama-3-8b": LLAMA3_8B,
     "qwen2.5-0.5b": QWEN25_05B,
     "qwen2.5-1.5b": QWEN25_15B,
+    "smollm2-135m": SMOLLM2_135M,
     "tiny": TINY,
 }
 
@@ -79,6 +91,8 @@ WORKLOADS = {
     "w3": Workload("w3", QWEN25_05B, 256, 256, 1024),
     "long": Workload("long", LLAMA3_8B, 64, 512, 16384),
     "smoke": Workload("smoke", TINY, 8, 16, 32, device="cpu", dtype="float32"),
+    # CPU scaling (bench_scale.py): SmolLM2-135M's shape, long enough to dwarf start-up costs.
+    "cpu-135m": Workload("cpu-135m", SMOLLM2_135M, 16, 64, 128, device="cpu", dtype="float32"),
     "gpu-smoke": Workload("gpu-smoke", {**LLAMA3_8B, "num_hidden_layers": 2}, 16, 128, 256),
 }
 
