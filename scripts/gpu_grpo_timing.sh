@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# A timing run of the GPU recipe (configs/qwen2.5-1.5b-gsm-16k.yaml) on random weights, in one
+# device call of under 10 minutes. The job places it: the trainer on GPU 0 and an actor on every
+# other GPU (NCCL sync), or, on a one-GPU machine, the trainer and one actor sharing it (CUDA IPC).
+#
+#   source .devkit/install.sh && ROLLOUT_COMMIT=<sha> bash scripts/gpu_grpo_timing.sh 2>&1 | tee $OUT/grpo.log
+#
+# The GPU machine has no checkpoints and no network: the model is the recipe's shape with random
+# weights and the tokenizer carried in .devdata/smollm2-tokenizer (see scripts/make_random_model.py),
+# and the prompts are the built-in arithmetic task (reasoning-gym is not in the device kit). Every
+# shape, memory figure and time is real; rewards are noise. Random weights rarely sample EOS, so
+# every completion runs to COMPLETION tokens: the recipe's 16K would take minutes per step, hence
+# 4096 by default. summary.json (copied to $OUT) holds the step time split: rollout wait,
+# forward + backward, weight sync.
+#
+# Settings (environment): STEPS (4), COMPLETION (4096), SHAPE (qwen2.5-1.5b), EXTRA (more dotted
+# overrides, applied last). A CPU dry run of the plumbing:
+#   SHAPE=tiny STEPS=1 COMPLETION=16 PY=.venv/bin/python EXTRA="trainer.dtype=float32 \
+#     trainer.gradient_checkpointing=false rollout.engine.dtype=float32" bash scripts/gpu_grpo_timing.sh
+set -o pipefail
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled
+OUT=${OUT:-gpu_out}
+STEPS=${STEPS:-4}
+COMPLETION=${COMPLETION:-4096}
+SHAPE=${SHAPE:-qwen2.5-1.5b}
+PY=${PY:-python3}
+RUN=$(mktemp -d /tmp/grpo-timing-XXXX)
+mkdir -p "$OUT"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+
+$PY scripts/make_random_model.py --shape "$SHAPE" --tokenizer .devdata/smollm2-tokenizer \
+  --out "$RUN/model" || exit 1
+# shellcheck disable=SC2086  # EXTRA is a list of overrides
+timeout ${JOB_TIMEOUT:-480} $PY scripts/train_grpo.py --config configs/qwen2.5-1.5b-gsm-16k.yaml \
+  model="$RUN/model" output_dir="$RUN/job" dataset.source=arithmetic dataset.num_examples=512 \
+  trainer.max_steps="$STEPS" trainer.max_completion_length="$COMPLETION" \
+  rollout.engine.max_model_len=$((COMPLETION + 256)) \
+  rollout.weight_sync_backend=auto wandb.mode=disabled $EXTRA 2>&1 |
+  grep -v "it/s]\|s/it]\|Loading weights"
+status=$?
+cp "$RUN/job/summary.json" "$OUT/grpo_summary.json" 2>/dev/null && cat "$OUT/grpo_summary.json"
+exit $status
