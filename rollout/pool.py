@@ -130,17 +130,14 @@ class RolloutPool:
         self._ray.get([self.actors[a].abort.remote(ids) for a, ids in by_actor.items()])
 
     def pause(self) -> None:
-        self._ray.get([a.pause.remote() for a in self._live().values()])
+        self._on_live_actors("pause")
 
     def resume(self) -> None:
-        self._ray.get([a.resume.remote() for a in self._live().values()])
+        self._on_live_actors("resume")
 
     def stats(self) -> dict[int, dict[str, float]]:
         """Per live actor metrics (see rollout.metrics.WorkerMetrics)."""
-        live = self._live()
-        return dict(
-            zip(live, self._ray.get([a.stats.remote() for a in live.values()]), strict=True)
-        )
+        return self._on_live_actors("stats")
 
     def kill_actor(self, actor: int) -> None:
         """Kill one actor (fault-injection for tests and drills); its groups move elsewhere."""
@@ -161,9 +158,10 @@ class RolloutPool:
         named = [(n, t) for n, t in named_tensors]
         rollout_dtype = TORCH_DTYPES.get(self.engine_config.dtype, named[0][1].dtype)
         manifest = manifest_for(named, rollout_dtype, DEFAULT_BUCKET_BYTES)
+        # Every actor checks names and shapes first; a mismatch raises before anything moves. An
+        # actor found dead here is dropped (its groups move) and the others are synced.
+        self._on_live_actors("check_weights", manifest)
         live = self._live()
-        # Every actor checks names and shapes first; a mismatch raises before anything moves.
-        self._ray.get([a.check_weights.remote(manifest) for a in live.values()])
         start = time.perf_counter()
         # A new group for the first sync, after an actor died, or when the backend changes.
         if self._weight_members != (tuple(live), backend):
@@ -220,6 +218,27 @@ class RolloutPool:
     def _live(self) -> dict[int, Any]:
         return {i: a for i, a in self.actors.items() if i not in self.dead}
 
+    def _on_live_actors(self, method: str, *args) -> dict[int, Any]:
+        """Call `method` on every live actor; returns {actor: result} from those that answered.
+
+        An actor that turns out to be dead is handled as if the collector had seen it die (its
+        groups go to the others), so a call between steps never fails on a death the pool had
+        not noticed yet. Any other error is raised, after every call has finished."""
+        refs = {i: getattr(a, method).remote(*args) for i, a in self._live().items()}
+        results, error = {}, None
+        for i, ref in refs.items():
+            try:
+                results[i] = self._ray.get(ref)
+            except self._ray.exceptions.RayActorError as err:
+                self._on_actor_failure(i, err)
+            except Exception as err:  # noqa: BLE001 - raised below, once all have answered
+                error = error or err
+        if error is not None:
+            raise error
+        if not results and not self._live():
+            raise RuntimeError(f"no rollout actor is alive: {self.dead}")
+        return results
+
     def _dispatch(self, group: _Group) -> None:
         """Send to the live actor with the least outstanding tokens (caller holds the lock)."""
         live = [i for i in self.actors if i not in self.dead]
@@ -267,6 +286,8 @@ class RolloutPool:
 
     def _on_actor_failure(self, actor: int, err: BaseException) -> None:
         with self._lock:
+            if actor in self.dead:  # seen by both the collector and a call between steps
+                return
             self.dead[actor] = repr(err)
             orphans = [g for g in self._groups.values() if g.actor == actor]
             try:

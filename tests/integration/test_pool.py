@@ -162,3 +162,24 @@ def test_an_actor_that_cannot_join_the_weight_group_fails_the_sync_at_once(
         assert result["version"] == 1
     finally:
         pool.shutdown()
+
+
+def test_a_sync_right_after_an_actor_died_goes_to_the_others(ray_cluster, model_dir) -> None:
+    """An actor dead before the pool noticed: the sync must not fail the trainer; the dead
+    actor's groups move to the survivor and come back exactly once."""
+    from rollout.pool import RolloutPool
+
+    trainer = tiny_model("llama", seed=99)
+    pool = RolloutPool(_config(model_dir), num_actors=2)
+    try:
+        prompts = random_prompts((5, 7, 6, 4), seed=12)
+        ids = {pool.submit(p, SamplingParams(max_tokens=40, n=2, ignore_eos=True)) for p in prompts}
+        ray.kill(pool.actors[1], no_restart=True)  # behind the pool's back
+        result = pool.sync_weights(trainer.named_parameters(), version=1)
+        assert result["version"] == 1 and 1 in pool.dead
+        groups = _drain(pool, len(ids))
+        assert {g.group_id for g in groups} == ids
+        assert all(len(g.samples) == 2 and not any(s.error for s in g.samples) for g in groups)
+        assert pool.probe(random_prompts((6,), seed=33)[0], max_tokens=4)["version"] == 1
+    finally:
+        pool.shutdown()
