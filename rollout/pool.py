@@ -121,13 +121,26 @@ class RolloutPool:
         return item
 
     def abort(self, group_ids: list[int]) -> None:
-        """End these groups early; they are still delivered, with finish_reason "abort"."""
-        by_actor: dict[int, list[int]] = {}
-        with self._lock:
-            for g in group_ids:
-                if g in self._groups:
-                    by_actor.setdefault(self._groups[g].actor, []).append(g)
-        self._ray.get([self.actors[a].abort.remote(ids) for a, ids in by_actor.items()])
+        """End these groups early; they are still delivered, with finish_reason "abort".
+
+        A group whose actor turns out to be dead has moved to another actor by the time that is
+        known: the abort follows it there. (A group whose new attempt starts after the abort
+        reaches that actor runs to the end instead; it is still delivered once.)"""
+        pending = set(group_ids)
+        while pending:
+            by_actor: dict[int, list[int]] = {}
+            with self._lock:
+                for g in pending:
+                    if g in self._groups and self._groups[g].actor not in self.dead:
+                        by_actor.setdefault(self._groups[g].actor, []).append(g)
+            refs = {a: self.actors[a].abort.remote(ids) for a, ids in by_actor.items()}
+            pending = set()
+            for a, ref in refs.items():
+                try:
+                    self._ray.get(ref)
+                except self._ray.exceptions.RayActorError as err:
+                    self._on_actor_failure(a, err)
+                    pending.update(by_actor[a])
 
     def pause(self) -> None:
         self._on_live_actors("pause")

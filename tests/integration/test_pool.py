@@ -183,3 +183,23 @@ def test_a_sync_right_after_an_actor_died_goes_to_the_others(ray_cluster, model_
         assert pool.probe(random_prompts((6,), seed=33)[0], max_tokens=4)["version"] == 1
     finally:
         pool.shutdown()
+
+
+def test_an_abort_follows_groups_whose_actor_just_died(ray_cluster, model_dir) -> None:
+    from rollout.pool import RolloutPool
+
+    pool = RolloutPool(_config(model_dir), num_actors=2)
+    try:
+        prompts = random_prompts((5, 7, 6, 4), seed=13)
+        params = SamplingParams(max_tokens=100, n=2, ignore_eos=True)
+        ids = {pool.submit(p, params) for p in prompts}
+        ray.kill(pool.actors[1], no_restart=True)  # behind the pool's back
+        pool.abort(sorted(ids))
+        groups = _drain(pool, len(ids))
+        assert {g.group_id for g in groups} == ids, "every group delivered exactly once"
+        for g in groups:
+            assert len(g.samples) == 2
+            assert all(s.finish_reason in ("abort", "length") and not s.error for s in g.samples)
+        assert 1 in pool.dead
+    finally:
+        pool.shutdown()
