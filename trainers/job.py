@@ -70,6 +70,10 @@ def run_job(config: JobConfig) -> dict:
     reward_funcs = get_reward_functions(list(config.rewards))
     formatter = PromptFormatter(tokenizer)
     placement = plan_placement(config.rollout, torch.cuda.device_count())
+    if placement.trainer_memory_fraction is not None:
+        # Sharing the GPU with an actor: beyond its share the trainer gets an out-of-memory
+        # error instead of starving the actor's KV cache.
+        torch.cuda.set_per_process_memory_fraction(placement.trainer_memory_fraction, 0)
 
     started_ray = not ray.is_initialized()
     if started_ray:
@@ -90,8 +94,7 @@ def run_job(config: JobConfig) -> dict:
         engine = EngineConfig(
             model=model_path,
             seed=config.seed,
-            **placement.engine_overrides,
-            **config.rollout.engine,
+            **placement.engine_settings(config.rollout.engine),
         )
         print(
             f"[train_grpo] {placement.num_actors} rollout actor(s), trainer on "

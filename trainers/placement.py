@@ -22,6 +22,13 @@ class Placement:
     """For a Ray started here (ignored when joining a running cluster)."""
     ray_gpus: list[int] | None = None
     """This process's GPU indices that a Ray started here may hand to actors (None: all)."""
+    trainer_memory_fraction: float | None = None
+    """The trainer's cap on its GPU's memory when an actor shares it (None: no cap)."""
+
+    def engine_settings(self, user: dict) -> dict:
+        """EngineConfig fields for the actors: this placement's, then the user's
+        `rollout.engine` on top (a user who sets gpu_memory_utilization or device means it)."""
+        return {**self.engine_overrides, **user}
 
 
 def plan_placement(rollout: RolloutConfig, num_gpus: int) -> Placement:
@@ -44,8 +51,8 @@ def plan_placement(rollout: RolloutConfig, num_gpus: int) -> Placement:
 def _plan(rollout: RolloutConfig, num_gpus: int) -> Placement:
     """CPU: `rollout.num_actors` CPU actors. Several GPUs: the trainer takes the first (where
     transformers' Trainer puts a single-process run) and each other GPU gets an actor. One GPU:
-    the trainer and one actor share it, the actor's engine held to 45% of its memory, and the
-    weights go through CUDA IPC."""
+    the trainer and one actor share it, the actor's engine held to 45% of its memory and the
+    trainer to 50%, and the weights go through CUDA IPC."""
     if num_gpus == 0:
         return Placement(
             num_actors=max(1, rollout.num_actors),
@@ -61,6 +68,7 @@ def _plan(rollout: RolloutConfig, num_gpus: int) -> Placement:
             trainer_device="cuda:0",
             weight_sync_backend="cuda_ipc",
             engine_overrides={"device": "cuda", "gpu_memory_utilization": 0.45},
+            trainer_memory_fraction=0.5,
             ray_init_kwargs={"num_gpus": 1},
         )
     actors = rollout.num_actors if 0 < rollout.num_actors < num_gpus else num_gpus - 1

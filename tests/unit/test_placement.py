@@ -19,6 +19,7 @@ def test_one_gpu_is_shared_and_syncs_over_cuda_ipc() -> None:
     assert (p.num_actors, p.gpus_per_actor, p.trainer_device) == (1, 0.5, "cuda:0")
     assert p.engine_overrides["gpu_memory_utilization"] < 0.5
     assert p.weight_sync_backend == "cuda_ipc", "NCCL refuses two ranks on one GPU"
+    assert p.engine_overrides["gpu_memory_utilization"] + p.trainer_memory_fraction <= 1.0
     forced = plan_placement(RolloutConfig(weight_sync_backend="gloo"), num_gpus=1)
     assert forced.weight_sync_backend == "gloo"
 
@@ -47,3 +48,11 @@ def test_explicit_cuda_ipc_needs_a_shared_gpu() -> None:
 def test_ray_visible_devices_map_through_an_existing_mask() -> None:
     assert ray_visible_devices([1, 2], {}) == "1,2"
     assert ray_visible_devices([1, 2], {"CUDA_VISIBLE_DEVICES": "4,5,6"}) == "5,6"
+
+
+def test_the_users_engine_settings_win_over_the_placements() -> None:
+    p = plan_placement(RolloutConfig(), num_gpus=1)
+    settings = p.engine_settings({"gpu_memory_utilization": 0.3, "max_num_seqs": 8})
+    assert settings == {"device": "cuda", "gpu_memory_utilization": 0.3, "max_num_seqs": 8}
+    assert plan_placement(RolloutConfig(), num_gpus=0).trainer_memory_fraction is None
+    assert plan_placement(RolloutConfig(), num_gpus=4).trainer_memory_fraction is None
