@@ -35,7 +35,7 @@ timeout ${JOB_TIMEOUT:-480} $PY scripts/train_grpo.py --config configs/qwen2.5-1
   model="$RUN/model" output_dir="$RUN/job" dataset.source=arithmetic dataset.num_examples=512 \
   trainer.max_steps="$STEPS" trainer.max_completion_length="$COMPLETION" \
   rollout.engine.max_model_len=$((COMPLETION + 256)) \
-  rollout.weight_sync_backend=auto wandb.mode=disabled $EXTRA 2>&1 |
+  wandb.mode=disabled $EXTRA 2>&1 |
   grep -v "it/s]\|s/it]\|Loading weights"
 status=$?
 cp "$RUN/job/summary.json" "$OUT/grpo_summary.json" 2>/dev/null && cat "$OUT/grpo_summary.json"
