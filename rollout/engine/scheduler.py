@@ -24,42 +24,7 @@ import numpy as np
 
 from rollout.engine.block_manager import BlockManager
 from rollout.engine.sequence import PLACEHOLDER, Sequence, Status
-
-
-@dataclass
-class ScheduledChunk:
-    """One sequence's share of a step: positions [start, start + len(token_ids))."""
-
-    seq: Sequence
-    start: int
-    token_ids: list[int]
-    """Input token ids; the last may be a PLACEHOLDER filled on the device from `carry_row`."""
-    carry_row: int
-    """Row of the previous step's sampler output that fills the last input token (-1: none)."""
-    num_samples: int
-    """0 for a prefill chunk that does not reach the end; else 1, or n for a new group's prompt."""
-
-
-@dataclass
-class SampleRow:
-    """One token the sampler draws this step."""
-
-    seq: Sequence
-    position: int
-    """Index into seq.token_ids where the token goes (holds a PLACEHOLDER until the result)."""
-    chunk_index: int
-    """Which chunk's last token's logits it is drawn from (G rows share one for a new group)."""
-
-
-@dataclass
-class StepPlan:
-    step_id: int
-    chunks: list[ScheduledChunk]
-    rows: list[SampleRow]
-    block_copies: list[tuple[int, int]]
-    """(src, dst) KV blocks to copy before the forward (copy-on-write of shared blocks)."""
-    num_tokens: int
-    num_preempted: int = 0
+from rollout.engine.step_plan import SampleRow, ScheduledChunk, StepPlan
 
 
 @dataclass

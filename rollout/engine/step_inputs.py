@@ -8,8 +8,8 @@ from itertools import chain
 import numpy as np
 
 from rollout.engine.sampler import row_keys
-from rollout.engine.scheduler import StepPlan
 from rollout.engine.sequence import PLACEHOLDER
+from rollout.engine.step_plan import StepPlan
 from rollout.kernels.tiling import EXTEND_BLOCK_M
 
 

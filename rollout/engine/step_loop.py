@@ -11,9 +11,10 @@
 from __future__ import annotations
 
 from rollout.engine.runner import ModelRunner, StepHandle
-from rollout.engine.scheduler import Scheduler, StepPlan
+from rollout.engine.scheduler import Scheduler
 from rollout.engine.sequence import Sequence
 from rollout.engine.step_inputs import build_step_inputs
+from rollout.engine.step_plan import StepPlan
 
 
 class _Loop:

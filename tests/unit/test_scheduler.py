@@ -16,14 +16,10 @@ from hypothesis import strategies as st
 
 from rollout.engine.block_manager import BlockManager
 from rollout.engine.sampling_params import SamplingParams
-from rollout.engine.scheduler import (
-    ScheduledChunk,
-    Scheduler,
-    StepPlan,
-    count_table_references,
-)
+from rollout.engine.scheduler import Scheduler, count_table_references
 from rollout.engine.sequence import PLACEHOLDER, Completion, Sequence, Status
 from rollout.engine.step_inputs import build_step_inputs
+from rollout.engine.step_plan import ScheduledChunk, StepPlan
 
 EOS = 0
 VOCAB = 8
