@@ -2,9 +2,10 @@
 
 The group is built from a TCP store with the backend classes directly (gloo on CPU, NCCL between
 GPUs, and gloo carrying CUDA IPC handles when the trainer and an engine share one GPU: see
-`rollout.weight_ipc`), so it never touches the trainer's own default process group. Parameters travel by transformers
-name, cast to the rollout dtype and packed into buckets (one broadcast each); each receiver copies
-them in place into its engine's parameters, so CUDA graphs captured on those tensors stay valid.
+`rollout.weight_ipc`), so it never touches the trainer's own default process group. Parameters
+travel by transformers name, cast to the rollout dtype and packed into buckets (one broadcast
+each); each receiver copies them in place into its engine's parameters, so CUDA graphs captured
+on those tensors stay valid.
 Names and shapes are checked against every engine before any tensor moves: a mismatch raises an
 error that names the offending parameters and leaves the old weights whole.
 """
