@@ -13,21 +13,15 @@ import itertools
 import queue
 import threading
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from rollout.engine.config import EngineConfig
 from rollout.engine.model_loader import TORCH_DTYPES
 from rollout.engine.sampling_params import SamplingParams
+from rollout.pool_weights import ActorWeightSync
 from rollout.rollout_types import CompletedGroup, FinishedSample, GroupRequest
-from rollout.weights import (
-    DEFAULT_BUCKET_BYTES,
-    WeightGroup,
-    free_port,
-    manifest_for,
-    send_weights,
-)
+from rollout.weights import DEFAULT_BUCKET_BYTES, manifest_for
 from rollout.worker import RolloutWorker
 
 
@@ -93,9 +87,7 @@ class RolloutPool:
         self._lock = threading.Lock()
         self._group_ids = itertools.count()
         self._stopping = False
-        self._weight_group = None
-        self._weight_members: tuple = ()
-        """(live actor ids, backend) of the current weight group."""
+        self._weights = ActorWeightSync(ray)
         self._collector = threading.Thread(target=self._collect, name="rollout-pool", daemon=True)
         self._collector.start()
 
@@ -176,47 +168,10 @@ class RolloutPool:
         self._on_live_actors("check_weights", manifest)
         live = self._live()
         start = time.perf_counter()
-        # A new group for the first sync, after an actor died, or when the backend changes.
-        if self._weight_members != (tuple(live), backend):
-            self._weight_group = self._join_weight_group(live, backend)
-            self._weight_members = (tuple(live), backend)
         new_version = version if version is not None else self.version + 1
-        receives = [a.receive_weights.remote(manifest, new_version) for a in live.values()]
-        device = named[0][1].device
-        sent = send_weights(self._weight_group, manifest, named, device)
-        self._ray.get(receives)
+        sent = self._weights.send(live, manifest, named, new_version, backend)
         self.version = new_version
         return {"seconds": time.perf_counter() - start, "bytes": sent, "version": self.version}
-
-    def _join_weight_group(self, live: dict, backend: str) -> WeightGroup:
-        """Build the trainer + actors group. Rank 0's side waits for every member to connect,
-        so it runs on a helper thread while this one watches the actors' joins: an actor that
-        fails to join raises here at once instead of leaving rank 0 waiting out its timeout."""
-        # This node's address, which actors on other nodes of a cluster can reach too.
-        host, port = self._ray.util.get_node_ip_address(), free_port()
-        world = len(live) + 1
-        joins = [
-            a.join_weight_group.remote(host, port, rank + 1, world, backend)
-            for rank, a in enumerate(live.values())
-        ]
-        group: Future = Future()
-
-        def build() -> None:
-            try:
-                group.set_result(WeightGroup(host, port, 0, world, backend))
-            except BaseException as e:
-                group.set_exception(e)
-
-        # A daemon thread: after a failed join it waits out its timeout without holding up exit.
-        threading.Thread(target=build, name="weight-group", daemon=True).start()
-        try:
-            self._ray.get(joins)
-        except Exception as e:
-            cause = getattr(e, "cause", None) or e  # the actor's own exception, not Ray's wrapper
-            raise RuntimeError(
-                f"a rollout actor could not join the weight-sync group ({backend}): {cause}"
-            ) from e
-        return group.result()
 
     def probe(
         self, prompt_token_ids: list[int], max_tokens: int = 16, actor: int | None = None

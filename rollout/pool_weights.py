@@ -1,0 +1,68 @@
+"""The pool's side of weight sync: one process group of the trainer (rank 0) and every live
+actor, built on the first sync and again whenever the members or the backend change."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from rollout.weights import WeightGroup, WeightManifest, free_port, send_weights
+
+
+class ActorWeightSync:
+    def __init__(self, ray) -> None:
+        self._ray = ray
+        self._group: WeightGroup | None = None
+        self._members: tuple = ()
+        """(live actor ids, backend) of the current group."""
+
+    def send(
+        self,
+        live: dict[int, Any],
+        manifest: WeightManifest,
+        named: list[tuple[str, torch.Tensor]],
+        version: int,
+        backend: str,
+    ) -> int:
+        """Send the trainer's tensors to every actor in `live` (they copy them in at a step
+        boundary and take `version`); returns bytes sent."""
+        if self._members != (tuple(live), backend):
+            self._group = self._join(live, backend)
+            self._members = (tuple(live), backend)
+        receives = [a.receive_weights.remote(manifest, version) for a in live.values()]
+        sent = send_weights(self._group, manifest, named, named[0][1].device)
+        self._ray.get(receives)
+        return sent
+
+    def _join(self, live: dict, backend: str) -> WeightGroup:
+        """Build the trainer + actors group. Rank 0's side waits for every member to connect,
+        so it runs on a helper thread while this one watches the actors' joins: an actor that
+        fails to join raises here at once instead of leaving rank 0 waiting out its timeout."""
+        # This node's address, which actors on other nodes of a cluster can reach too.
+        host, port = self._ray.util.get_node_ip_address(), free_port()
+        world = len(live) + 1
+        joins = [
+            a.join_weight_group.remote(host, port, rank + 1, world, backend)
+            for rank, a in enumerate(live.values())
+        ]
+        group: Future = Future()
+
+        def build() -> None:
+            try:
+                group.set_result(WeightGroup(host, port, 0, world, backend))
+            except BaseException as e:
+                group.set_exception(e)
+
+        # A daemon thread: after a failed join it waits out its timeout without holding up exit.
+        threading.Thread(target=build, name="weight-group", daemon=True).start()
+        try:
+            self._ray.get(joins)
+        except Exception as e:
+            cause = getattr(e, "cause", None) or e  # the actor's own exception, not Ray's wrapper
+            raise RuntimeError(
+                f"a rollout actor could not join the weight-sync group ({backend}): {cause}"
+            ) from e
+        return group.result()
