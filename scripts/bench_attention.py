@@ -100,7 +100,7 @@ def sweep_decode_tiles(paged, kv_bytes: int) -> list[dict]:
     are skipped)."""
     import triton.testing
 
-    from rollout.kernels.triton_paged_attention import DecodeTiles
+    from rollout.kernels.triton_decode_attention import DecodeTiles
 
     choices = [DecodeTiles(256, bn, 4, st) for bn in (32, 64, 128) for st in (2, 3, 4)]
     choices += [DecodeTiles(512, bn, 4, st) for bn in (64, 128) for st in (2, 3)]
