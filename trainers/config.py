@@ -6,9 +6,12 @@ Unknown keys are errors that name the key; every field says what it does.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from rollout.engine.config import EngineConfig
 
 
 @dataclass(frozen=True)
@@ -37,8 +40,14 @@ class TrainerConfig:
     """Streaming: samples generated more than this many weight versions ago are dropped."""
     weight_sync_steps: int = 1
     token_budget: int | None = None
-    """Streaming: tokens per packed training row, which sets how many samples one optimizer step
-    trains on. None: sized for prompts_per_step x num_generations completions."""
+    """Tokens in one training forward (a packed row in streaming mode): this bounds the trainer's
+    activation memory. None: one forward takes the whole step (fine for small models on CPU; a
+    1.5B model's 128 x 4K-token step needs > 60 GB of activations). At least
+    rollout.engine.max_model_len, so that no sample is too long to train on."""
+    gradient_accumulation_steps: int | None = None
+    """Forwards per optimizer step. None: streaming, enough token_budget rows to hold a step's
+    samples at full length; sync, as many as it takes to keep each forward within token_budget
+    (one when token_budget is unset)."""
     dtype: str = "float32"
     """Training dtype of the trainer's model ("float32" on CPU; "bfloat16" on GPUs)."""
     gradient_checkpointing: bool = False
@@ -85,12 +94,40 @@ class JobConfig:
     """None: start Ray locally (or join the cluster a `ray job submit` runs us in)."""
 
     @property
-    def token_budget(self) -> int:
+    def max_sample_tokens(self) -> int:
+        """The longest sample (prompt + completion) an actor can return."""
+        return int(self.rollout.engine.get("max_model_len", EngineConfig.max_model_len))
+
+    @property
+    def step_tokens(self) -> int:
+        """A step's samples at full length: G completions per prompt plus the prompt once (the
+        streaming trainer packs a group's shared prompt once)."""
         t = self.trainer
-        if t.token_budget is not None:
-            return t.token_budget
-        # G completions per prompt plus the prompt once (the trainer packs shared prefixes once).
         return t.prompts_per_step * (t.num_generations * t.max_completion_length + 128)
+
+    @property
+    def token_budget(self) -> int:
+        if self.trainer.token_budget is not None:
+            return self.trainer.token_budget
+        return max(self.step_tokens, self.max_sample_tokens)
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        if self.trainer.gradient_accumulation_steps is not None:
+            return self.trainer.gradient_accumulation_steps
+        return max(1, math.ceil(self.step_tokens / self.token_budget))
+
+    @property
+    def sync_micro_batch(self) -> int:
+        """Sync mode (trl.GRPOTrainer pads each forward to its longest sample): samples per
+        forward, a divisor of the step's samples."""
+        samples = self.trainer.prompts_per_step * self.trainer.num_generations
+        if self.trainer.gradient_accumulation_steps is not None:
+            return samples // self.trainer.gradient_accumulation_steps
+        if self.trainer.token_budget is None:
+            return samples
+        fits = max(1, self.token_budget // self.max_sample_tokens)
+        return max(d for d in range(1, samples + 1) if samples % d == 0 and d <= fits)
 
     def __post_init__(self) -> None:
         if self.trainer.mode not in ("streaming", "sync"):
@@ -113,6 +150,23 @@ class JobConfig:
             raise ValueError(
                 "trainer.num_generations must be >= 2 (advantages compare samples of a prompt)"
             )
+        t = self.trainer
+        if t.token_budget is not None and t.token_budget < self.max_sample_tokens:
+            raise ValueError(
+                f"trainer.token_budget={t.token_budget} is below rollout.engine.max_model_len="
+                f"{self.max_sample_tokens}: a sample that long could not be trained on. Raise "
+                "trainer.token_budget or lower rollout.engine.max_model_len"
+            )
+        if t.gradient_accumulation_steps is not None:
+            samples = t.prompts_per_step * t.num_generations
+            if t.gradient_accumulation_steps < 1:
+                raise ValueError("trainer.gradient_accumulation_steps must be >= 1")
+            if t.mode == "sync" and samples % t.gradient_accumulation_steps:
+                raise ValueError(
+                    f"trainer.gradient_accumulation_steps={t.gradient_accumulation_steps} must "
+                    f"divide the step's {samples} samples (prompts_per_step x num_generations) "
+                    "in sync mode"
+                )
 
 
 def load_config(path: str | None, overrides: list[str]) -> JobConfig:

@@ -107,6 +107,7 @@ def run_job(config: JobConfig) -> dict:
             num_cpus_per_actor=config.rollout.cpus_per_actor,
         )
         t = config.trainer
+        samples = t.prompts_per_step * t.num_generations  # per optimizer step
         sampling = SamplingParams(
             max_tokens=t.max_completion_length, temperature=t.temperature, n=t.num_generations
         )
@@ -122,7 +123,10 @@ def run_job(config: JobConfig) -> dict:
             output_dir=str(out),
             max_steps=t.max_steps,
             learning_rate=t.learning_rate,
-            per_device_train_batch_size=t.prompts_per_step * t.num_generations,
+            # Samples per forward x forwards per step = the step's samples. Streaming packs rows
+            # by token_budget instead; TRL reads this product for its own step bookkeeping.
+            per_device_train_batch_size=max(1, samples // config.gradient_accumulation_steps),
+            gradient_accumulation_steps=config.gradient_accumulation_steps,
             num_generations=t.num_generations,
             max_completion_length=t.max_completion_length,
             temperature=t.temperature,
@@ -166,7 +170,8 @@ def run_job(config: JobConfig) -> dict:
 
             rollout_func = trl_adapter.make_rollout_func(pool, formatter, sampling, sync)
             args.update(
-                per_device_train_batch_size=t.prompts_per_step * t.num_generations,
+                per_device_train_batch_size=config.sync_micro_batch,
+                gradient_accumulation_steps=samples // config.sync_micro_batch,
                 model_init_kwargs={"dtype": t.dtype},
             )
             trainer = trl_adapter.build_sync_trainer(
@@ -174,7 +179,15 @@ def run_job(config: JobConfig) -> dict:
             )
         trainer_holder["trainer"] = trainer
         attach_rollout_logging(trainer, pool, transfer)
-        trainer.train()
+        try:
+            trainer.train()
+        except torch.OutOfMemoryError as err:
+            raise RuntimeError(
+                f"the trainer ran out of GPU memory training on {config.token_budget} tokens per "
+                f"forward ({config.gradient_accumulation_steps} forwards per step). Lower "
+                "trainer.token_budget (it must stay >= rollout.engine.max_model_len), or turn on "
+                "trainer.gradient_checkpointing"
+            ) from err
         elapsed = time.perf_counter() - start
         if t.mode == "sync":  # TRL scored the groups itself: read its logged rewards
             rewards.groups = [
@@ -197,6 +210,11 @@ def run_job(config: JobConfig) -> dict:
             "weight_sync_seconds": [round(h["seconds"], 3) for h in transfer.history],
             "logprob_max_abs_diff": [h.get("logprob_max_abs_diff") for h in transfer.history],
             "step_time_split_s": step_time_split(trainer.state.log_history),
+            "token_budget": config.token_budget,
+            "gradient_accumulation_steps": config.gradient_accumulation_steps,
+            "trainer_peak_memory_gib": (
+                torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+            ),
             "wandb_dir": str(out / "wandb"),
             "mode": t.mode,
             "num_actors": placement.num_actors,

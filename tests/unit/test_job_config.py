@@ -43,9 +43,36 @@ def test_bad_config_errors_name_the_key(overrides, message) -> None:
 
 
 def test_token_budget_follows_the_step_size() -> None:
-    config = load_config(None, ["trainer.prompts_per_step=2", "trainer.num_generations=4"])
-    assert config.token_budget == 2 * (4 * config.trainer.max_completion_length + 128)
-    assert load_config(None, ["trainer.token_budget=999"]).token_budget == 999
+    config = load_config(None, ["trainer.prompts_per_step=4", "trainer.num_generations=4"])
+    assert config.token_budget == 4 * (4 * config.trainer.max_completion_length + 128)
+    assert config.gradient_accumulation_steps == 1 and config.sync_micro_batch == 16
+    # A small step still gets a row long enough for the longest sample an actor can return.
+    small = load_config(None, ["trainer.prompts_per_step=1", "rollout.engine.max_model_len=2048"])
+    assert small.token_budget == 2048
+
+
+def test_a_token_budget_splits_the_step_into_forwards() -> None:
+    base = ["trainer.prompts_per_step=16", "trainer.num_generations=8"]
+    base += ["trainer.max_completion_length=4096", "rollout.engine.max_model_len=4352"]
+    config = load_config(None, [*base, "trainer.token_budget=34816"])
+    assert config.token_budget == 34816
+    assert config.gradient_accumulation_steps == -(-16 * (8 * 4096 + 128) // 34816)  # 16
+    assert config.sync_micro_batch == 8  # 34816 // 4352 samples per padded forward
+    fixed = load_config(None, [*base, "trainer.gradient_accumulation_steps=32"])
+    assert fixed.gradient_accumulation_steps == 32 and fixed.sync_micro_batch == 4
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.token_budget=999"], "below rollout.engine.max_model_len=1024"),
+        (["trainer.gradient_accumulation_steps=0"], "gradient_accumulation_steps must be >= 1"),
+        (["trainer.mode=sync", "trainer.gradient_accumulation_steps=3"], "must divide"),
+    ],
+)
+def test_bad_micro_batching_is_refused(overrides, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_config(None, overrides)
 
 
 def test_shipped_configs_parse() -> None:
