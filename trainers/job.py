@@ -183,8 +183,8 @@ def run_job(config: JobConfig) -> dict:
             trainer.train()
         except torch.OutOfMemoryError as err:
             raise RuntimeError(
-                f"the trainer ran out of GPU memory training on {config.token_budget} tokens per "
-                f"forward ({config.gradient_accumulation_steps} forwards per step). Lower "
+                f"the trainer ran out of GPU memory with trainer.token_budget={config.token_budget} "
+                f"({trainer.args.gradient_accumulation_steps} forwards per step). Lower "
                 "trainer.token_budget (it must stay >= rollout.engine.max_model_len), or turn on "
                 "trainer.gradient_checkpointing"
             ) from err
@@ -211,7 +211,7 @@ def run_job(config: JobConfig) -> dict:
             "logprob_max_abs_diff": [h.get("logprob_max_abs_diff") for h in transfer.history],
             "step_time_split_s": step_time_split(trainer.state.log_history),
             "token_budget": config.token_budget,
-            "gradient_accumulation_steps": config.gradient_accumulation_steps,
+            "gradient_accumulation_steps": trainer.args.gradient_accumulation_steps,
             "trainer_peak_memory_gib": (
                 torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
             ),
