@@ -19,7 +19,7 @@ from typing import Any
 from rollout.engine.config import EngineConfig
 from rollout.engine.model_loader import TORCH_DTYPES
 from rollout.engine.sampling_params import SamplingParams
-from rollout.pool_weights import ActorWeightSync
+from rollout.pool_weights import ActorsLostDuringSync, ActorWeightSync
 from rollout.rollout_types import CompletedGroup, FinishedSample, GroupRequest
 from rollout.weights import DEFAULT_BUCKET_BYTES, manifest_for
 from rollout.worker import RolloutWorker
@@ -166,10 +166,20 @@ class RolloutPool:
         # Every actor checks names and shapes first; a mismatch raises before anything moves. An
         # actor found dead here is dropped (its groups move) and the others are synced.
         self._on_live_actors("check_weights", manifest)
-        live = self._live()
         start = time.perf_counter()
         new_version = version if version is not None else self.version + 1
-        sent = self._weights.send(live, manifest, named, new_version, backend)
+        while True:
+            live = self._live()
+            if not live:
+                raise RuntimeError("no live rollout actor to sync weights to")
+            try:
+                sent = self._weights.send(live, manifest, named, new_version, backend)
+                break
+            except ActorsLostDuringSync as lost:
+                # Their groups move to the others; the survivors' weights are torn (they refuse
+                # to step), so the whole sync runs again over a group of the survivors.
+                for actor, err in lost.dead.items():
+                    self._on_actor_failure(actor, err)
         self.version = new_version
         return {"seconds": time.perf_counter() - start, "bytes": sent, "version": self.version}
 

@@ -12,6 +12,14 @@ import torch
 from rollout.weights import WeightGroup, WeightManifest, free_port, send_weights
 
 
+class ActorsLostDuringSync(RuntimeError):
+    """Actors died while a sync was under way; the group is gone, the others' weights are torn."""
+
+    def __init__(self, dead: dict[int, BaseException]) -> None:
+        super().__init__(f"rollout actor(s) {sorted(dead)} died during the weight sync")
+        self.dead = dead
+
+
 class ActorWeightSync:
     def __init__(self, ray) -> None:
         self._ray = ray
@@ -32,10 +40,35 @@ class ActorWeightSync:
         if self._members != (tuple(live), backend):
             self._group = self._join(live, backend)
             self._members = (tuple(live), backend)
-        receives = [a.receive_weights.remote(manifest, version) for a in live.values()]
-        sent = send_weights(self._group, manifest, named, named[0][1].device)
-        self._ray.get(receives)
+        receives = {i: a.receive_weights.remote(manifest, version) for i, a in live.items()}
+        sent, failure = 0, None
+        try:
+            sent = send_weights(self._group, manifest, named, named[0][1].device)
+        except Exception as err:  # noqa: BLE001 - raised below, once every actor has answered
+            failure = err
+            self._drop_group()  # members still waiting on this rank fail now, not at the timeout
+        dead, errors = {}, []
+        for i, ref in receives.items():
+            try:
+                self._ray.get(ref)
+            except self._ray.exceptions.RayActorError as err:
+                dead[i] = err
+            except Exception as err:  # noqa: BLE001 - an actor's own error, raised below
+                errors.append(getattr(err, "cause", None) or err)
+        if dead or failure is not None or errors:
+            self._drop_group()  # the next sync builds a fresh one
+        if dead:
+            raise ActorsLostDuringSync(dead) from failure
+        if failure is not None:
+            raise failure
+        if errors:
+            raise RuntimeError(f"a rollout actor failed to receive the weights: {errors[0]}")
         return sent
+
+    def _drop_group(self) -> None:
+        if self._group is not None:
+            self._group.close()
+        self._group, self._members = None, ()
 
     def _join(self, live: dict, backend: str) -> WeightGroup:
         """Build the trainer + actors group. Rank 0's side waits for every member to connect,

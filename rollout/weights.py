@@ -127,6 +127,13 @@ class WeightGroup:
     def allreduce(self, tensor: torch.Tensor) -> None:
         self.group.allreduce([tensor]).wait()
 
+    def close(self) -> None:
+        """Let go of this end of the group. Over gloo its connections close with it, so members
+        blocked in a collective with this rank fail at once instead of waiting out the timeout
+        (call it once no collective of this rank is running)."""
+        self.group = None
+        self.store = None
+
 
 def send_weights(
     group: WeightGroup,

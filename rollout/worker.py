@@ -41,6 +41,9 @@ class RolloutWorker:
         self._outbox_ready = threading.Condition()
         self._wake = threading.Event()
         self._paused = False
+        self._torn_weights = False
+        """A weight sync failed part-way: some parameters are new, some old. No step runs (and no
+        sample is made with such weights) until a sync succeeds."""
         self._stopping = False
         # request id -> (group, wall time received, weight version at start, samples not yet back)
         self._groups: dict[str, tuple[GroupRequest, float, int]] = {}
@@ -80,6 +83,7 @@ class RolloutWorker:
         self.run_between_steps(lambda: setattr(self, "_paused", True))
 
     def resume(self) -> None:
+        self._raise_if_torn()
         self._paused = False
         self._wake.set()
 
@@ -122,8 +126,10 @@ class RolloutWorker:
             start = time.perf_counter()
             streams = self.engine.runner.streams
             # On CUDA the copies are ordered after any step still in flight on the compute stream.
+            self._torn_weights = True  # until every bucket is in
             with streams.on(streams.compute):
                 receive_weights(self._weight_group, manifest, self.engine.model)
+            self._torn_weights = False
             self.version = version
             return time.perf_counter() - start
 
@@ -132,6 +138,7 @@ class RolloutWorker:
     def probe(self, prompt_token_ids: list[int], max_tokens: int = 16, seed: int = 0) -> dict:
         """Sample one completion (temperature 1) through the engine, among the running requests,
         for comparing its logprobs with the trainer's forward."""
+        self._raise_if_torn()
         future: Future = Future()
         request_id = f"probe-{len(self._probes)}-{time.monotonic_ns()}"
         params = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed)
@@ -171,7 +178,7 @@ class RolloutWorker:
             while not self._stopping:
                 self._apply_commands()
                 self._admit()
-                if self._paused or not self.engine.has_unfinished():
+                if self._paused or self._torn_weights or not self.engine.has_unfinished():
                     self._wake.wait(0.05)
                     self._wake.clear()
                     continue
@@ -239,6 +246,13 @@ class RolloutWorker:
         with self._outbox_ready:
             self._outbox.extend(samples)
             self._outbox_ready.notify_all()
+
+    def _raise_if_torn(self) -> None:
+        if self._torn_weights:
+            raise RuntimeError(
+                f"rollout worker {self.worker_id}: the last weight sync failed part-way, so the "
+                "engine holds a mix of two weight versions; sync the weights again first"
+            )
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:

@@ -185,6 +185,60 @@ def test_a_sync_right_after_an_actor_died_goes_to_the_others(ray_cluster, model_
         pool.shutdown()
 
 
+def _wait_until_dead(actor, timeout: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.ping.remote(), timeout=5)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return
+        time.sleep(0.1)
+    raise AssertionError("the actor did not die")
+
+
+def test_an_actor_that_dies_during_a_sync_is_dropped_and_the_sync_completes(
+    ray_cluster, model_dir, monkeypatch
+) -> None:
+    """Death after the name/shape check, as the buckets start to move: the survivor's weights are
+    torn by the broken transfer, so the pool syncs it again over a group without the dead actor;
+    nothing is lost and nothing is generated with torn weights."""
+    from rollout import pool_weights
+    from rollout.pool import RolloutPool
+
+    trainer = tiny_model("llama", seed=99)
+    pool = RolloutPool(_config(model_dir), num_actors=2)
+    try:
+        pool.sync_weights(tiny_model("llama", seed=4).named_parameters(), version=1)  # the group
+        prompts = random_prompts((5, 7, 6, 4), seed=14)
+        ids = {pool.submit(p, SamplingParams(max_tokens=40, n=2, ignore_eos=True)) for p in prompts}
+        real_send, world_sizes = pool_weights.send_weights, []
+
+        def send_as_an_actor_dies(group, *args):
+            if not world_sizes:
+                ray.kill(pool.actors[1], no_restart=True)
+                _wait_until_dead(pool.actors[1])
+            world_sizes.append(group.world_size)
+            return real_send(group, *args)
+
+        monkeypatch.setattr(pool_weights, "send_weights", send_as_an_actor_dies)
+        result = pool.sync_weights(trainer.named_parameters(), version=2)
+        assert result["version"] == 2 and 1 in pool.dead
+        assert world_sizes == [3, 2]  # the broken transfer, then the survivor's own group
+
+        groups = _drain(pool, len(ids))
+        assert {g.group_id for g in groups} == ids
+        assert all(len(g.samples) == 2 and not any(s.error for s in g.samples) for g in groups)
+        probe_prompt = random_prompts((6,), seed=33)[0]
+        probe = pool.probe(probe_prompt, max_tokens=12)
+        fresh = _trainer_logprobs(trainer, probe_prompt, probe["token_ids"])
+        assert probe["version"] == 2
+        assert (fresh - torch.tensor(probe["logprobs"])).abs().max().item() < 1e-4
+    finally:
+        pool.shutdown()
+
+
 def test_an_abort_follows_groups_whose_actor_just_died(ray_cluster, model_dir) -> None:
     from rollout.pool import RolloutPool
 

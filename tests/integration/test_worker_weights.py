@@ -1,0 +1,80 @@
+"""A RolloutWorker (no Ray) receiving weights: a transfer that breaks part-way leaves the engine
+with a mix of two weight versions, so it must not step, probe or resume until a full sync."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rollout import EngineConfig, SamplingParams
+from rollout.rollout_types import GroupRequest
+from rollout.weights import manifest_for, send_weights
+from rollout.worker import RolloutWorker
+from tests.conftest import random_prompts, tiny_model
+
+
+class _ReplayGroup:
+    """Stands in for the process group: with no buckets it records what the trainer broadcasts;
+    with buckets it replays them to a receiver, raising at bucket `fail_at`."""
+
+    backend = "gloo"
+
+    def __init__(self, buckets: list[torch.Tensor] | None = None, fail_at: int | None = None):
+        self.recording = buckets is None
+        self.buckets = [] if buckets is None else buckets
+        self.fail_at = fail_at
+        self.calls = 0
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        if self.recording:
+            self.buckets.append(tensor.clone())
+        elif self.calls == self.fail_at:
+            raise RuntimeError(f"connection closed by peer at bucket {self.calls}")
+        else:
+            tensor.copy_(self.buckets[self.calls])
+        self.calls += 1
+
+
+@pytest.fixture
+def worker(tmp_path):
+    path = tmp_path / "tiny-llama"
+    tiny_model("llama", seed=4).save_pretrained(path)
+    config = EngineConfig(
+        model=str(path), device="cpu", dtype="float32", max_model_len=128, block_size=8,
+        max_num_seqs=8, num_kv_blocks=32,
+    )  # fmt: skip
+    worker = RolloutWorker(config)
+    yield worker
+    worker.shutdown()
+
+
+def test_a_sync_that_breaks_part_way_holds_the_engine_until_a_full_sync(worker) -> None:
+    trainer = tiny_model("llama", seed=99)
+    named = list(trainer.named_parameters())
+    manifest = manifest_for(named, torch.float32, bucket_bytes=16 << 10)  # many small buckets
+    recorded = _ReplayGroup()
+    send_weights(recorded, manifest, named, torch.device("cpu"))
+    assert len(recorded.buckets) > 3
+
+    worker._weight_group = _ReplayGroup(recorded.buckets, fail_at=2)
+    with pytest.raises(RuntimeError, match="at bucket 2"):
+        worker.receive_weights(manifest, version=1)
+
+    prompt = random_prompts((6,), seed=5)[0]
+    worker.submit([GroupRequest(7, prompt, SamplingParams(max_tokens=6, n=2, ignore_eos=True))])
+    assert worker.poll(timeout=1.0) == []  # torn weights generate nothing
+    with pytest.raises(RuntimeError, match="mix of two weight versions"):
+        worker.resume()
+    with pytest.raises(RuntimeError, match="mix of two weight versions"):
+        worker.probe(prompt, max_tokens=2)
+
+    worker._weight_group = _ReplayGroup(recorded.buckets)
+    worker.receive_weights(manifest, version=1)
+    worker.resume()
+    samples = []
+    while len(samples) < 2:
+        samples += worker.poll(timeout=30.0)
+    assert {s.weight_versions for s in samples} == {(0, 1)}  # admitted before, made after
+    engine_params = dict(worker.engine.model.named_parameters())
+    for name, param in named:
+        assert torch.equal(engine_params[name], param.detach()), name
