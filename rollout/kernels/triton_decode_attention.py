@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from rollout.kernels.tiling import dot_precision
+from rollout.kernels.triton_paged_kv import load_kv_tile
 
 
 @dataclass(frozen=True)
@@ -74,15 +75,10 @@ def _decode_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs < end
-        page = tl.load(block_tables_ptr + s * stride_bt + offs // PAGE, mask=n_mask, other=0)
-        row = (
-            page.to(tl.int64) * stride_cblock
-            + (offs % PAGE) * stride_cslot
-            + kv_head * stride_chead
-        )
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        k, v = load_kv_tile(
+            k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs, n_mask, d, d_mask,
+            kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
+        )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [GROUP_PAD, BLOCK_N]
         qk = tl.where(n_mask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m, tl.max(qk, 1))

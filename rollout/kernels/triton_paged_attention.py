@@ -19,6 +19,7 @@ from rollout.kernels.triton_decode_attention import (  # noqa: F401 - the backen
     DecodeTiles,
     decode_attention,
 )
+from rollout.kernels.triton_paged_kv import load_kv_tile
 
 EXTEND_BLOCK_N = 64
 
@@ -90,15 +91,10 @@ def _extend_kernel(
     for n0 in range(0, kv_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_end
-        page = tl.load(block_tables_ptr + s * stride_bt + offs_n // PAGE, mask=n_mask, other=0)
-        row = (
-            page.to(tl.int64) * stride_cblock
-            + (offs_n % PAGE) * stride_cslot
-            + kv_head * stride_chead
-        )
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        k, v = load_kv_tile(
+            k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs_n, n_mask, d, d_mask,
+            kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
+        )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N]
         visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
         qk = tl.where(visible, qk, float("-inf"))
