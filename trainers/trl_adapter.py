@@ -204,7 +204,7 @@ def build_async_trainer(
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
     from trl.experimental.async_grpo import async_grpo_trainer as trainer_module
 
-    config = _one_trainer_gpu(AsyncGRPOConfig(**args))
+    config = _one_trainer_gpu(AsyncGRPOConfig(**_checkpointing_by_its_name(args)))
     if not torch.cuda.is_available():
         # Feeds only the MFU metric and asks for a CUDA device: meaningless on CPU.
         trainer_module.get_peak_flops_per_device = lambda *a, **k: float("inf")  # MFU reads 0
@@ -260,11 +260,24 @@ def build_sync_trainer(model_path: str, tokenizer, dataset, reward_funcs, rollou
     return GRPOTrainer(
         model=model_path,
         reward_funcs=reward_funcs,
-        args=_one_trainer_gpu(GRPOConfig(**args)),
+        args=_one_trainer_gpu(GRPOConfig(**_checkpointing_by_its_name(args))),
         train_dataset=dataset,
         processing_class=tokenizer,
         rollout_func=rollout_func,
     )
+
+
+def _checkpointing_by_its_name(args: dict) -> dict:
+    """transformers renamed `gradient_checkpointing` to `activation_checkpointing` (the old name
+    warns); the GPU machine's 5.17 knows only the old one. Use the name this version has."""
+    from transformers import TrainingArguments
+
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    if "gradient_checkpointing" not in args or "activation_checkpointing" not in fields:
+        return args
+    renamed = dict(args)
+    renamed["activation_checkpointing"] = renamed.pop("gradient_checkpointing")
+    return renamed
 
 
 def _one_trainer_gpu(config):
