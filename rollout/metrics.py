@@ -21,7 +21,8 @@ class WorkerMetrics:
         self.window_s = window_s
         self._steps: deque[tuple[float, float]] = deque()  # (end time, host seconds)
         self._tokens: deque[tuple[float, int]] = deque()  # (finish time, generated tokens)
-        self._latencies: deque[tuple[float, float]] = deque()
+        self._latencies: deque[tuple[float, float]] = deque()  # (finish time, seconds)
+        self._queue_waits: deque[tuple[float, float]] = deque()  # (finish time, seconds)
         self.total_tokens = 0
         self.total_sequences = 0
         # Device time per step gives the GPU-busy fraction; events are cheap, CPU uses host clocks.
@@ -37,6 +38,7 @@ class WorkerMetrics:
         now = time.monotonic()
         self._tokens.append((now, len(sample.token_ids)))
         self._latencies.append((now, sample.finished_at - sample.received_at))
+        self._queue_waits.append((now, sample.queue_wait_s))
         self.total_tokens += len(sample.token_ids)
         self.total_sequences += 1
 
@@ -59,11 +61,8 @@ class WorkerMetrics:
             "waiting_sequences": float(len(scheduler.waiting)),
             "kv_cache_use": 1.0 - self.engine.block_manager.num_free_blocks / blocks,
             "preemptions": float(scheduler.num_preemptions),
-            "latency_s": (
-                sum(lat for _, lat in self._latencies) / len(self._latencies)
-                if self._latencies
-                else 0.0
-            ),
+            "latency_s": _mean(self._latencies),
+            "queue_wait_s": _mean(self._queue_waits),
             "weight_version": float(version),
             "outstanding_groups": float(outstanding_groups),
             "total_tokens": float(self.total_tokens),
@@ -74,6 +73,10 @@ class WorkerMetrics:
         return values
 
     def _trim(self, now: float) -> None:
-        for items in (self._steps, self._tokens, self._latencies):
+        for items in (self._steps, self._tokens, self._latencies, self._queue_waits):
             while items and now - items[0][0] > self.window_s:
                 items.popleft()
+
+
+def _mean(items: deque[tuple[float, float]]) -> float:
+    return sum(value for _, value in items) / len(items) if items else 0.0

@@ -39,6 +39,8 @@ class FinishedSample:
     """Wall-clock time (time.time()) the actor queued the group in its engine."""
     finished_at: float
     """Wall-clock time this sample finished."""
+    queue_wait_s: float = 0.0
+    """Seconds it waited in the engine for room (batch slots or KV blocks) before its first step."""
 
 
 @dataclass

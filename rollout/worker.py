@@ -237,6 +237,7 @@ class RolloutWorker:
                     actor=self.worker_id,
                     received_at=received,
                     finished_at=now,
+                    queue_wait_s=c.queue_wait_s,
                 )
             )
             self.metrics.record_finished(samples[-1])

@@ -42,7 +42,7 @@ def attach_rollout_logging(trainer, pool, transfer) -> None:
         if stats:
             for key in ("tokens_per_s", "running_sequences", "preemptions", "total_tokens"):
                 logs[f"rollout/{key}"] = sum(v[key] for v in stats.values())
-            for key in ("gpu_busy", "cpu_ms_per_step", "kv_cache_use", "latency_s"):
+            for key in ("gpu_busy", "cpu_ms_per_step", "kv_cache_use", "latency_s", "queue_wait_s"):
                 present = [v[key] for v in stats.values() if key in v]
                 if present:
                     logs[f"rollout/{key}"] = sum(present) / len(present)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator
 from collections.abc import Sequence as SequenceABC
 
@@ -109,6 +110,7 @@ class LLMEngine:
             sample_index=0,
             prompt_token_ids=list(token_ids),
             arrival=arrival,
+            arrival_time=time.monotonic(),
             num_forks_pending=params.n - 1,
         )
         self.scheduler.add(seq)

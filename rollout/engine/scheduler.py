@@ -17,6 +17,7 @@ placeholders they need through `carry_row` (the previous step's sampler row).
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -119,6 +120,8 @@ class Scheduler:
             needed = bm.num_new_blocks_needed(seq.block_table, 0, num_new)
             self.waiting.pop(0)
             seq.status = Status.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
             seq.table_row = self._free_rows.pop()
             _insort(self.running, seq)
             budget -= self._add_chunk(plan, seq, num_new, needed)
@@ -218,6 +221,8 @@ class Scheduler:
             sample_index=sample_index,
             prompt_token_ids=parent.prompt_token_ids,
             arrival=parent.arrival,
+            arrival_time=parent.arrival_time,
+            first_scheduled_time=parent.first_scheduled_time,
             status=status,
         )
 

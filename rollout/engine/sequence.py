@@ -32,6 +32,9 @@ class Completion:
     """"stop", "length", "abort" or "error"."""
     error: str | None = None
     request_id: str = ""
+    queue_wait_s: float = 0.0
+    """Seconds from add_request to the first step that computed this request (time spent waiting
+    for room in the batch or the KV cache)."""
 
 
 @dataclass(eq=False)
@@ -47,6 +50,10 @@ class Sequence:
     prompt_token_ids: list[int]
     arrival: int
     """Admission order; preemption picks the largest (the newest)."""
+    arrival_time: float = 0.0
+    """time.monotonic() at add_request."""
+    first_scheduled_time: float | None = None
+    """time.monotonic() when a step first computed it (a recompute after preemption keeps it)."""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -103,4 +110,9 @@ class Sequence:
             finish_reason=self.finish_reason,
             error=self.error,
             request_id=self.request_id,
+            queue_wait_s=(
+                self.first_scheduled_time - self.arrival_time
+                if self.first_scheduled_time is not None
+                else 0.0
+            ),
         )

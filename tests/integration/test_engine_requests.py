@@ -183,3 +183,20 @@ def test_string_prompt_without_tokenizer_is_a_clear_error(model) -> None:
 def test_params_list_must_match_prompts(model) -> None:
     with pytest.raises(ValueError, match="one per prompt"):
         _engine(model).generate([[3, 4], [5]], [SamplingParams()])
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_queue_wait_counts_the_time_before_a_first_step(model, overlap: bool) -> None:
+    """Room for one group of two: the second waits for the first to finish; the samples forked
+    from a prompt report its wait."""
+    import time
+
+    engine = _engine(model, overlap, max_num_seqs=2)
+    first, second = random_prompts((5, 6), seed=8)
+    start = time.perf_counter()
+    results = engine.generate([first, second], SamplingParams(max_tokens=12, ignore_eos=True, n=2))
+    elapsed = time.perf_counter() - start
+    waits = [r.queue_wait_s for r in results]
+    assert waits[0] == waits[1] and waits[2] == waits[3]
+    assert 0.0 <= waits[0] < 0.1 * elapsed
+    assert waits[2] > 0.3 * elapsed  # the first group's dozen steps: about half the run

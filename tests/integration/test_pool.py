@@ -71,6 +71,8 @@ def test_pool_streams_groups_that_match_a_local_engine(ray_cluster, model_dir) -
             assert all(s.weight_versions == (0, 0) for s in g.samples)
         stats = pool.stats()
         assert sum(s["total_sequences"] for s in stats.values()) == 15
+        assert all(s["queue_wait_s"] >= 0 for s in stats.values())
+        assert max(s["latency_s"] for s in stats.values()) > 0
     finally:
         pool.shutdown()
 
