@@ -176,8 +176,8 @@ class RolloutPool:
                 sent = self._weights.send(live, manifest, named, new_version, backend)
                 break
             except ActorsLostDuringSync as lost:
-                # Their groups move to the others; the survivors' weights are torn (they refuse
-                # to step), so the whole sync runs again over a group of the survivors.
+                # Their groups move to the others. The survivors' weights may be torn (they then
+                # refuse to step), so the whole sync runs again over a group of the survivors.
                 for actor, err in lost.dead.items():
                     self._on_actor_failure(actor, err)
         self.version = new_version

@@ -13,7 +13,7 @@ from rollout.weights import WeightGroup, WeightManifest, free_port, send_weights
 
 
 class ActorsLostDuringSync(RuntimeError):
-    """Actors died while a sync was under way; the group is gone, the others' weights are torn."""
+    """Actors died while a sync was under way; the group is gone, the others' weights may be torn."""
 
     def __init__(self, dead: dict[int, BaseException]) -> None:
         super().__init__(f"rollout actor(s) {sorted(dead)} died during the weight sync")

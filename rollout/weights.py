@@ -163,11 +163,17 @@ def send_weights(
     return sent
 
 
+class TornWeightsError(RuntimeError):
+    """A transfer broke after some buckets were copied in: the model holds two weight versions."""
+
+
 def receive_weights(group: WeightGroup, manifest: WeightManifest, model: torch.nn.Module) -> int:
-    """Engine side: receive every bucket and copy it in place into the model's parameters."""
+    """Engine side: receive every bucket and copy it in place into the model's parameters.
+
+    A failure after the first copy raises TornWeightsError (the model now holds two versions);
+    a failure before it leaves the weights whole and raises as it is."""
     params = dict(model.named_parameters())
-    device = next(iter(params.values())).device
-    buckets = manifest.buckets()
+    copied = [0]  # parameters copied in so far
 
     def unpack(bucket: list[int], flat: torch.Tensor) -> None:
         offset = 0
@@ -176,18 +182,32 @@ def receive_weights(group: WeightGroup, manifest: WeightManifest, model: torch.n
             n = param.numel()
             param.copy_(flat[offset : offset + n].view(param.shape))
             offset += n
+        copied[0] += len(bucket)
 
-    with torch.no_grad():
-        if group.backend == "cuda_ipc":
-            numels = [_bucket_numel(manifest, b) for b in buckets]
-            return weight_ipc.receive_buckets(group, buckets, numels, device, unpack)
-        received = 0
-        for bucket in buckets:
-            numel = _bucket_numel(manifest, bucket)
-            flat = torch.empty(numel, dtype=manifest.torch_dtype, device=device)
-            group.broadcast(flat)
-            unpack(bucket, flat)
-            received += flat.numel() * flat.element_size()
+    try:
+        with torch.no_grad():
+            return _receive(group, manifest, next(iter(params.values())).device, unpack)
+    except Exception as err:
+        if copied[0]:
+            raise TornWeightsError(
+                f"the weight transfer broke after {copied[0]} of {len(manifest.names)} "
+                f"parameters were copied in: {err}"
+            ) from err
+        raise
+
+
+def _receive(group: WeightGroup, manifest: WeightManifest, device: torch.device, unpack) -> int:
+    buckets = manifest.buckets()
+    if group.backend == "cuda_ipc":
+        numels = [_bucket_numel(manifest, b) for b in buckets]
+        return weight_ipc.receive_buckets(group, buckets, numels, device, unpack)
+    received = 0
+    for bucket in buckets:
+        numel = _bucket_numel(manifest, bucket)
+        flat = torch.empty(numel, dtype=manifest.torch_dtype, device=device)
+        group.broadcast(flat)
+        unpack(bucket, flat)
+        received += flat.numel() * flat.element_size()
     _wait_for_device(device)
     return received
 

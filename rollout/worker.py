@@ -24,7 +24,13 @@ from rollout.engine.sampling_params import SamplingParams
 from rollout.engine.sequence import Completion
 from rollout.metrics import WorkerMetrics
 from rollout.rollout_types import FinishedSample, GroupRequest
-from rollout.weights import WeightGroup, WeightManifest, check_manifest, receive_weights
+from rollout.weights import (
+    TornWeightsError,
+    WeightGroup,
+    WeightManifest,
+    check_manifest,
+    receive_weights,
+)
 
 
 class RolloutWorker:
@@ -126,9 +132,17 @@ class RolloutWorker:
             start = time.perf_counter()
             streams = self.engine.runner.streams
             # On CUDA the copies are ordered after any step still in flight on the compute stream.
-            self._torn_weights = True  # until every bucket is in
-            with streams.on(streams.compute):
-                receive_weights(self._weight_group, manifest, self.engine.model)
+            try:
+                with streams.on(streams.compute):
+                    receive_weights(self._weight_group, manifest, self.engine.model)
+            except BaseException as err:
+                # Torn by this transfer, or still torn by an earlier one.
+                self._torn_weights = self._torn_weights or isinstance(err, TornWeightsError)
+                # Leave the group: a trainer still sending to this rank then fails at once
+                # instead of waiting out the group's timeout (the pool builds a new group).
+                self._weight_group.close()
+                self._weight_group = None
+                raise
             self._torn_weights = False
             self.version = version
             return time.perf_counter() - start

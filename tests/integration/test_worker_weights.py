@@ -8,7 +8,7 @@ import torch
 
 from rollout import EngineConfig, SamplingParams
 from rollout.rollout_types import GroupRequest
-from rollout.weights import manifest_for, send_weights
+from rollout.weights import TornWeightsError, manifest_for, send_weights
 from rollout.worker import RolloutWorker
 from tests.conftest import random_prompts, tiny_model
 
@@ -34,6 +34,9 @@ class _ReplayGroup:
             tensor.copy_(self.buckets[self.calls])
         self.calls += 1
 
+    def close(self) -> None:
+        pass
+
 
 @pytest.fixture
 def worker(tmp_path):
@@ -57,7 +60,7 @@ def test_a_sync_that_breaks_part_way_holds_the_engine_until_a_full_sync(worker) 
     assert len(recorded.buckets) > 3
 
     worker._weight_group = _ReplayGroup(recorded.buckets, fail_at=2)
-    with pytest.raises(RuntimeError, match="at bucket 2"):
+    with pytest.raises(TornWeightsError, match="at bucket 2"):
         worker.receive_weights(manifest, version=1)
 
     prompt = random_prompts((6,), seed=5)[0]
@@ -78,3 +81,73 @@ def test_a_sync_that_breaks_part_way_holds_the_engine_until_a_full_sync(worker) 
     engine_params = dict(worker.engine.model.named_parameters())
     for name, param in named:
         assert torch.equal(engine_params[name], param.detach()), name
+
+
+def test_a_sync_that_breaks_before_any_copy_leaves_the_engine_running(worker) -> None:
+    trainer = tiny_model("llama", seed=99)
+    named = list(trainer.named_parameters())
+    manifest = manifest_for(named, torch.float32, bucket_bytes=16 << 10)
+    recorded = _ReplayGroup()
+    send_weights(recorded, manifest, named, torch.device("cpu"))
+    before = {n: p.clone() for n, p in worker.engine.model.named_parameters()}
+
+    worker._weight_group = _ReplayGroup(recorded.buckets, fail_at=0)
+    with pytest.raises(RuntimeError, match="at bucket 0") as raised:
+        worker.receive_weights(manifest, version=1)
+    assert not isinstance(raised.value, TornWeightsError)
+    worker.resume()  # the weights are whole: nothing to refuse
+    prompt = random_prompts((6,), seed=5)[0]
+    worker.submit([GroupRequest(3, prompt, SamplingParams(max_tokens=4, n=2, ignore_eos=True))])
+    samples = []
+    while len(samples) < 2:
+        samples += worker.poll(timeout=30.0)
+    assert {s.weight_versions for s in samples} == {(0, 0)}
+    for name, param in worker.engine.model.named_parameters():
+        assert torch.equal(param, before[name]), name
+
+
+def test_a_receive_that_fails_before_the_transfer_releases_the_trainer(worker, monkeypatch):
+    """The trainer's broadcast waits for every member; an engine whose receive fails before the
+    first collective (say, out of memory for a bucket) must not leave it waiting out the group's
+    timeout: the worker leaves the group, and the trainer's side fails at once."""
+    import threading
+    import time
+
+    from rollout import worker as worker_module
+    from rollout.weights import WeightGroup, free_port
+
+    port, trainer_side = free_port(), {}
+
+    def build() -> None:  # rank 0 waits in its store until the worker joins
+        trainer_side["group"] = WeightGroup("127.0.0.1", port, 0, 2, "gloo", timeout_s=90)
+
+    builder = threading.Thread(target=build)
+    builder.start()
+    worker.join_weight_group("127.0.0.1", port, 1, 2, "gloo")
+    builder.join(timeout=60)
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("out of memory allocating the bucket")
+
+    monkeypatch.setattr(worker_module, "receive_weights", out_of_memory)
+    named = list(tiny_model("llama", seed=99).named_parameters())
+    manifest = manifest_for(named, torch.float32, bucket_bytes=16 << 10)
+    outcome = {}
+
+    def send() -> None:
+        try:
+            send_weights(trainer_side["group"], manifest, named, torch.device("cpu"))
+            outcome["sent"] = True
+        except RuntimeError as err:
+            outcome["error"] = err
+
+    sender = threading.Thread(target=send, daemon=True)
+    start = time.perf_counter()
+    sender.start()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        worker.receive_weights(manifest, version=1)
+    sender.join(timeout=30)
+    assert not sender.is_alive(), "the trainer's side is still waiting for the failed engine"
+    assert time.perf_counter() - start < 30 and "error" in outcome
+    assert worker._weight_group is None  # the next sync joins a new group
+    worker.resume()  # nothing was copied: the engine runs on
