@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from rollout.kernels.tiling import dot_precision
-from rollout.kernels.triton_paged_kv import load_kv_tile
+from rollout.kernels.triton_attention_tiles import fold_tile, load_kv_tile
 
 
 @dataclass(frozen=True)
@@ -81,12 +81,7 @@ def _decode_kernel(
         )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [GROUP_PAD, BLOCK_N]
         qk = tl.where(n_mask[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m, tl.max(qk, 1))
-        p = tl.exp(qk - m_new[:, None])
-        alpha = tl.exp(m - m_new)
-        denom = denom * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m = m_new
+        m, denom, acc = fold_tile(qk, v, m, denom, acc, DOT_PRECISION)
     num_active = tl.cdiv(seq_len, SPLIT_LEN)
     if num_active == 1:  # the whole context fit one split: no partials, no merge
         tl.store(out_ptrs, (acc / denom[:, None]).to(out_ptr.dtype.element_ty), out_mask)

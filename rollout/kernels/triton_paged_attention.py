@@ -14,12 +14,12 @@ import triton
 import triton.language as tl
 
 from rollout.kernels.tiling import EXTEND_BLOCK_M, dot_precision
+from rollout.kernels.triton_attention_tiles import fold_tile, load_kv_tile
 from rollout.kernels.triton_decode_attention import (  # noqa: F401 - the backend's surface
     DECODE_TILES,
     DecodeTiles,
     decode_attention,
 )
-from rollout.kernels.triton_paged_kv import load_kv_tile
 
 EXTEND_BLOCK_N = 64
 
@@ -98,12 +98,7 @@ def _extend_kernel(
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N]
         visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
         qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m, tl.max(qk, 1))
-        p = tl.exp(qk - m_new[:, None])
-        alpha = tl.exp(m - m_new)
-        denom = denom * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m = m_new
+        m, denom, acc = fold_tile(qk, v, m, denom, acc, DOT_PRECISION)
     out = acc / denom[:, None]
     tl.store(
         out_ptr + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + d[None, :],

@@ -1,4 +1,5 @@
-"""Reading K/V from the paged cache inside a Triton kernel (shared by decode and prefill/extend)."""
+"""What the decode and prefill/extend kernels share, per K/V tile: reading it from the paged cache, and
+folding it into the running (online) softmax."""
 
 from __future__ import annotations
 
@@ -20,3 +21,15 @@ def load_kv_tile(
     k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
     v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
     return k, v
+
+
+@triton.jit
+def fold_tile(qk, v, m, denom, acc, DOT_PRECISION: tl.constexpr):
+    """Fold one tile's scores `qk` [rows, tile] (-inf where masked) and values `v` into the
+    running max `m`, normaliser `denom` [rows] and output `acc` [rows, BLOCK_D]."""
+    m_new = tl.maximum(m, tl.max(qk, 1))
+    p = tl.exp(qk - m_new[:, None])
+    alpha = tl.exp(m - m_new)  # rescales what was accumulated under the old max
+    denom = denom * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, denom, acc
