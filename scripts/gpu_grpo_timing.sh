@@ -14,7 +14,13 @@
 # forward + backward, weight sync.
 #
 # Settings (environment): STEPS (4), COMPLETION (4096), SHAPE (qwen2.5-1.5b), EXTRA (more dotted
-# overrides, applied last). A CPU dry run of the plumbing:
+# overrides, applied last), PROFILE=1 (sample the trainer process's threads with py-spy, waits
+# included, into $OUT/trainer_profile.txt, collapsed stacks; build the kit with
+# `bash ../shared/device/kit.sh py-spy==0.4.3`).
+# .devdata/smollm2-tokenizer is the tokenizer of the built-in model, saved once on your machine:
+#   .venv/bin/python -c "from rollout.builtin_models import smollm2_path as p; \
+#     from transformers import AutoTokenizer as T; T.from_pretrained(p()).save_pretrained('.devdata/smollm2-tokenizer')"
+# A CPU dry run of the plumbing:
 #   SHAPE=tiny STEPS=1 COMPLETION=16 PY=.venv/bin/python EXTRA="trainer.dtype=float32 \
 #     trainer.gradient_checkpointing=false rollout.engine.dtype=float32" bash scripts/gpu_grpo_timing.sh
 set -o pipefail
@@ -30,8 +36,15 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --f
 
 $PY scripts/make_random_model.py --shape "$SHAPE" --tokenizer .devdata/smollm2-tokenizer \
   --out "$RUN/model" || exit 1
+LAUNCH=()
+if [ "${PROFILE:-0}" = 1 ]; then
+  # --idle keeps the samples where a thread waits (on the GPU, a queue, a lock): the point is
+  # where the step's wall time goes, not only its CPU time.
+  LAUNCH=(py-spy record --idle --threads --nonblocking --rate 20 --format raw
+    -o "$OUT/trainer_profile.txt" --)
+fi
 # shellcheck disable=SC2086  # EXTRA is a list of overrides
-timeout ${JOB_TIMEOUT:-480} $PY scripts/train_grpo.py --config configs/qwen2.5-1.5b-gsm-16k.yaml \
+timeout ${JOB_TIMEOUT:-480} "${LAUNCH[@]}" $PY scripts/train_grpo.py --config configs/qwen2.5-1.5b-gsm-16k.yaml \
   model="$RUN/model" output_dir="$RUN/job" dataset.source=arithmetic dataset.num_examples=512 \
   trainer.max_steps="$STEPS" trainer.max_completion_length="$COMPLETION" \
   rollout.engine.max_model_len=$((COMPLETION + 256)) \

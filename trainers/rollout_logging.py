@@ -15,7 +15,9 @@ _STEP_PARTS = {
 
 def step_time_split(log_history: list[dict]) -> dict[str, float] | None:
     """Median seconds per step: whole step, waiting for rollouts, training, weight sync (None in
-    sync mode, whose trainer does not log these)."""
+    sync mode, whose trainer does not log these), and `other`: what of the step none of the parts
+    timed (batch packing on the host, gradient clipping, GPU work the host timers did not wait
+    for, logging)."""
     import statistics
 
     split = {}
@@ -23,6 +25,14 @@ def step_time_split(log_history: list[dict]) -> dict[str, float] | None:
         values = [entry[key] for entry in log_history if key in entry]
         if values:
             split[part] = round(statistics.median(values), 4)
+    others = [
+        entry[_STEP_PARTS["step"]]
+        - sum(entry.get(key, 0.0) for part, key in _STEP_PARTS.items() if part != "step")
+        for entry in log_history
+        if _STEP_PARTS["step"] in entry
+    ]
+    if others:
+        split["other"] = round(statistics.median(others), 4)
     return split or None
 
 
