@@ -152,8 +152,9 @@ def run_job(config: JobConfig) -> dict:
                 dtype=t.dtype,
             )
             trainer = trl_adapter.build_async_trainer(
-                model_path, tokenizer, dataset, reward_funcs, worker, transfer, args
-            )
+                model_path, tokenizer, dataset, reward_funcs, worker, transfer, args,
+                prefetch_next_step=t.prefetch_next_step,
+            )  # fmt: skip
         else:
             synced = {"step": 0}
 
@@ -217,12 +218,18 @@ def run_job(config: JobConfig) -> dict:
             ),
             "wandb_dir": str(out / "wandb"),
             "mode": t.mode,
+            # Whether the next step's micro-batches were built during the current one (streaming).
+            "prefetched_next_step": bool(
+                getattr(trainer, "next_step_batches", None) and trainer.next_step_batches.enabled
+            ),
             "num_actors": placement.num_actors,
             "config": to_dict(config),
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         if hasattr(trainer, "rollout_worker") and trainer.rollout_worker is not None:
             trainer.rollout_worker.stop()
+        if getattr(trainer, "next_step_batches", None) is not None:
+            trainer.next_step_batches.stop()
         return summary
     finally:
         _finish_wandb()
