@@ -6,12 +6,13 @@ Unknown keys are errors that name the key; every field says what it does.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rollout.engine.config import EngineConfig
+
+_PROMPT_TOKENS = 128  # a prompt's length, as estimated for sizing a step's rows
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,8 @@ class TrainerConfig:
     1.5B model's 128 x 4K-token step needs > 60 GB of activations). At least
     rollout.engine.max_model_len, so that no sample is too long to train on."""
     gradient_accumulation_steps: int | None = None
-    """Forwards per optimizer step. None: streaming, enough token_budget rows to hold a step's
-    samples at full length; sync, as many as it takes to keep each forward within token_budget
+    """Forwards per optimizer step. None: streaming, the token_budget rows a step's samples fill
+    at full length; sync, as many as it takes to keep each forward within token_budget
     (one when token_budget is unset)."""
     dtype: str = "float32"
     """Training dtype of the trainer's model ("float32" on CPU; "bfloat16" on GPUs)."""
@@ -104,10 +105,30 @@ class JobConfig:
 
     @property
     def step_tokens(self) -> int:
-        """A step's samples at full length: G completions per prompt plus the prompt once (the
-        streaming trainer packs a group's shared prompt once)."""
+        """A step's samples at full length, packed: each group's prompt once (the streaming
+        trainer shares it), then G completions, each but the first with the prompt's last token
+        (where the samples fork)."""
         t = self.trainer
-        return t.prompts_per_step * (t.num_generations * t.max_completion_length + 128)
+        group = _PROMPT_TOKENS + t.max_completion_length
+        group += (t.num_generations - 1) * (t.max_completion_length + 1)
+        return t.prompts_per_step * group
+
+    def rows_per_step(self) -> int:
+        """token_budget rows that hold a step's samples at full length, filled the way TRL's
+        planner fills them: a sample joins the current row if it fits, paying for its prompt only
+        when no sample of its group is there yet (then it shares all but the prompt's last
+        token, where the samples fork)."""
+        t, budget = self.trainer, self.token_budget
+        rows, load, groups = 1, 0, set()
+        for group in range(t.prompts_per_step):
+            for _ in range(t.num_generations):
+                cost = t.max_completion_length + (1 if group in groups else _PROMPT_TOKENS)
+                if load and load + cost > budget:
+                    rows, load, groups = rows + 1, 0, set()
+                    cost = t.max_completion_length + _PROMPT_TOKENS
+                load += cost
+                groups.add(group)
+        return rows
 
     @property
     def token_budget(self) -> int:
@@ -119,7 +140,7 @@ class JobConfig:
     def gradient_accumulation_steps(self) -> int:
         if self.trainer.gradient_accumulation_steps is not None:
             return self.trainer.gradient_accumulation_steps
-        return max(1, math.ceil(self.step_tokens / self.token_budget))
+        return self.rows_per_step()
 
     @property
     def sync_micro_batch(self) -> int:

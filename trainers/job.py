@@ -47,6 +47,43 @@ def setup_environment(config: JobConfig) -> Path:
     return out
 
 
+def trl_args(config: JobConfig, out: Path, on_cpu: bool) -> dict:
+    """The TRL trainer arguments both modes share (the sync mode then sets its own batching)."""
+    t = config.trainer
+    samples = t.prompts_per_step * t.num_generations  # per optimizer step
+    return dict(
+        output_dir=str(out),
+        max_steps=t.max_steps,
+        learning_rate=t.learning_rate,
+        # Samples per forward x forwards per step = the step's samples. Streaming packs rows
+        # by token_budget instead; TRL reads this product for its own step bookkeeping.
+        per_device_train_batch_size=max(1, samples // config.gradient_accumulation_steps),
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        num_generations=t.num_generations,
+        max_completion_length=t.max_completion_length,
+        temperature=t.temperature,
+        logging_steps=t.logging_steps,
+        report_to=[] if config.wandb.mode == "disabled" else ["wandb"],
+        run_name=out.name,
+        seed=config.seed,
+        save_strategy="no",
+        bf16=t.dtype == "bfloat16",
+        gradient_checkpointing=t.gradient_checkpointing,
+        use_cpu=on_cpu,
+    )
+
+
+def streaming_trl_args(config: JobConfig) -> dict:
+    """What AsyncGRPOConfig takes on top of `trl_args`."""
+    t = config.trainer
+    return dict(
+        max_staleness=t.max_staleness,
+        weight_sync_steps=t.weight_sync_steps,
+        token_budget=config.token_budget,
+        dtype=t.dtype,
+    )
+
+
 def run_job(config: JobConfig) -> dict:
     out = setup_environment(config)
     import ray
@@ -119,38 +156,14 @@ def run_job(config: JobConfig) -> dict:
             return logprob_parity(pool, trainer_holder["trainer"].model, probe_prompt)
 
         transfer = trl_adapter.PoolWeightTransfer(pool, parity, placement.weight_sync_backend)
-        args = dict(
-            output_dir=str(out),
-            max_steps=t.max_steps,
-            learning_rate=t.learning_rate,
-            # Samples per forward x forwards per step = the step's samples. Streaming packs rows
-            # by token_budget instead; TRL reads this product for its own step bookkeeping.
-            per_device_train_batch_size=max(1, samples // config.gradient_accumulation_steps),
-            gradient_accumulation_steps=config.gradient_accumulation_steps,
-            num_generations=t.num_generations,
-            max_completion_length=t.max_completion_length,
-            temperature=t.temperature,
-            logging_steps=t.logging_steps,
-            report_to=[] if config.wandb.mode == "disabled" else ["wandb"],
-            run_name=out.name,
-            seed=config.seed,
-            save_strategy="no",
-            bf16=t.dtype == "bfloat16",
-            gradient_checkpointing=t.gradient_checkpointing,
-            use_cpu=placement.trainer_device == "cpu",
-        )
+        args = trl_args(config, out, on_cpu=placement.trainer_device == "cpu")
         start = time.perf_counter()
         if t.mode == "streaming":
             worker = trl_adapter.PoolRolloutWorker(
                 pool, dataset, formatter, reward_funcs, sampling,
                 max_inflight_groups=t.prompts_per_step, on_group=rewards.add,
             )  # fmt: skip
-            args.update(
-                max_staleness=t.max_staleness,
-                weight_sync_steps=t.weight_sync_steps,
-                token_budget=config.token_budget,
-                dtype=t.dtype,
-            )
+            args.update(streaming_trl_args(config))
             trainer = trl_adapter.build_async_trainer(
                 model_path, tokenizer, dataset, reward_funcs, worker, transfer, args,
                 prefetch_next_step=t.prefetch_next_step,

@@ -109,8 +109,6 @@ class PoolRolloutWorker:
             self._error = err
 
     def _samples(self, group, row: dict) -> list:
-        from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
-
         completions = [self.formatter.completion(s.token_ids, row["prompt"]) for s in group.samples]
         columns = {k: [v] * len(completions) for k, v in row.items() if k != "prompt"}
         scored = score_group(
@@ -127,27 +125,22 @@ class PoolRolloutWorker:
         }
         for name, values in scored.per_function.items():
             metrics[f"rewards/{name}"] = float(np.nanmean(values))
-        samples = []
-        for s, completion, advantage in zip(
-            group.samples, completions, scored.advantages, strict=True
-        ):
-            prompt_len, completion_len = len(s.prompt_token_ids), len(s.token_ids)
-            samples.append(
-                RolloutSample(
-                    prompt=row["prompt"],
-                    completion=completion,
-                    input_ids=np.array(s.prompt_token_ids + s.token_ids, dtype=np.int64),
-                    completion_mask=np.array(
-                        [0] * prompt_len + [1] * completion_len, dtype=np.int64
-                    ),
-                    old_log_probs=np.array([0.0] * prompt_len + s.logprobs, dtype=np.float32),
-                    advantage=float(advantage),
-                    model_version=version,
-                    group_id=group.group_id,
-                    metrics=dict(metrics),
-                    enqueued_at=time.time(),
-                )
+        samples = [
+            rollout_sample(
+                row["prompt"],
+                completion,
+                s.prompt_token_ids,
+                s.token_ids,
+                s.logprobs,
+                float(advantage),
+                version,
+                group.group_id,
+                metrics,
             )
+            for s, completion, advantage in zip(
+                group.samples, completions, scored.advantages, strict=True
+            )
+        ]
         if self.on_group is not None:
             self.on_group({"group": group, "rewards": scored.rewards, "metrics": metrics})
         self.metrics_queue.put(
@@ -159,6 +152,36 @@ class PoolRolloutWorker:
             }
         )
         return samples
+
+
+def rollout_sample(
+    prompt,
+    completion,
+    prompt_ids: list[int],
+    completion_ids: list[int],
+    logprobs: list[float],
+    advantage: float,
+    version: int,
+    group_id: int,
+    metrics: dict,
+):
+    """One TRL `RolloutSample`: the loss covers the completion tokens, scored with the actor's
+    logprobs (the prompt's are never used)."""
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    prompt_len, completion_len = len(prompt_ids), len(completion_ids)
+    return RolloutSample(
+        prompt=prompt,
+        completion=completion,
+        input_ids=np.array(prompt_ids + completion_ids, dtype=np.int64),
+        completion_mask=np.array([0] * prompt_len + [1] * completion_len, dtype=np.int64),
+        old_log_probs=np.array([0.0] * prompt_len + list(logprobs), dtype=np.float32),
+        advantage=advantage,
+        model_version=version,
+        group_id=group_id,
+        metrics=dict(metrics),
+        enqueued_at=time.time(),
+    )
 
 
 class PoolWeightTransfer:

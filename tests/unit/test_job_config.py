@@ -25,6 +25,16 @@ def test_yaml_then_overrides(tmp_path) -> None:
     assert config.rollout.num_actors == 2 and config.rewards == ("exact_answer",)
 
 
+def test_rows_too_short_to_share_a_prompt_hold_one_sample_each() -> None:
+    base = ["trainer.prompts_per_step=2", "trainer.num_generations=4"]
+    base += ["trainer.max_completion_length=32", "rollout.engine.max_model_len=160"]
+    assert load_config(None, [*base, "trainer.token_budget=160"]).gradient_accumulation_steps == 8
+    # Room for 128 + 32 + 2 x 33: three samples of a group per row, the fourth starts a row
+    # that the next group's first sample cannot join (it brings its own prompt).
+    three = load_config(None, [*base, "trainer.token_budget=226"])
+    assert three.gradient_accumulation_steps == 4
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -44,7 +54,8 @@ def test_bad_config_errors_name_the_key(overrides, message) -> None:
 
 def test_token_budget_follows_the_step_size() -> None:
     config = load_config(None, ["trainer.prompts_per_step=4", "trainer.num_generations=4"])
-    assert config.token_budget == 4 * (4 * config.trainer.max_completion_length + 128)
+    completion = config.trainer.max_completion_length
+    assert config.token_budget == 4 * (128 + completion + 3 * (completion + 1))
     assert config.gradient_accumulation_steps == 1 and config.sync_micro_batch == 16
     # A small step still gets a row long enough for the longest sample an actor can return.
     small = load_config(None, ["trainer.prompts_per_step=1", "rollout.engine.max_model_len=2048"])
@@ -56,7 +67,8 @@ def test_a_token_budget_splits_the_step_into_forwards() -> None:
     base += ["trainer.max_completion_length=4096", "rollout.engine.max_model_len=4352"]
     config = load_config(None, [*base, "trainer.token_budget=34816"])
     assert config.token_budget == 34816
-    assert config.gradient_accumulation_steps == -(-16 * (8 * 4096 + 128) // 34816)  # 16
+    # 8 samples of a group share a row (128 + 4096 + 7 x 4097 <= 34816), a ninth does not fit.
+    assert config.gradient_accumulation_steps == 16
     assert config.sync_micro_batch == 8  # 34816 // 4352 samples per padded forward
     fixed = load_config(None, [*base, "trainer.gradient_accumulation_steps=32"])
     assert fixed.gradient_accumulation_steps == 32 and fixed.sync_micro_batch == 4

@@ -1,0 +1,244 @@
+"""Trainer-only benchmark: the GRPO job's streaming trainer fed by rollouts that are always ready.
+
+    python scripts/bench_trainer_step.py --config configs/qwen2.5-1.5b-gsm-16k.yaml \\
+        model=/tmp/q15 trainer.max_completion_length=4096 rollout.engine.max_model_len=4352 \\
+        --prefetch off,on --json-out out/trainer_step.json
+    python scripts/bench_trainer_step.py --smoke                   # CPU, a tiny random model
+
+The trainer is built exactly as `scripts/train_grpo.py` builds it (same config, same TRL
+arguments, same attention), but its samples come from a thread that makes full-length random
+completions, with the prompt shared by each group, as fast as the trainer takes them, and weight
+sync is skipped. So this is the trainer's side of the job alone: what a trainer with a GPU of its
+own spends per optimizer step when rollouts are never late. Per mode it reports the median step
+time and TRL's split of it (`other`: none of TRL's timers; see trainers/rollout_logging.py), and
+trained tokens per second.
+
+`--prefetch off,on` compares building the next step's micro-batches during the current step
+(`trainer.prefetch_next_step`) with building them between steps, in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import math
+import os
+import queue
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+class ReadyRollouts:
+    """TRL's rollout-worker protocol, producing random full-length groups ahead of the trainer."""
+
+    def __init__(self, config, vocab_size: int, seed: int = 0) -> None:
+        import numpy as np
+
+        self.config = config
+        self.vocab_size = vocab_size
+        self.rng = np.random.default_rng(seed)
+        self.rollout_buffer: queue.Queue = queue.Queue(maxsize=self._step_samples() * 2)
+        self.metrics_queue: queue.Queue = queue.Queue()  # TRL drains it into its logs
+        self.model_version = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _step_samples(self) -> int:
+        return self.config.trainer.prompts_per_step * self.config.trainer.num_generations
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="ready-rollouts", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def update_model_version(self, model_version: int) -> None:
+        self.model_version = model_version
+
+    def check_health(self, stale_after_s: float) -> None:
+        pass
+
+    def _run(self) -> None:
+        from trainers.trl_adapter import rollout_sample
+
+        t = self.config.trainer
+        group_id = 0
+        while not self._stop.is_set():
+            prompt = self.rng.integers(0, self.vocab_size, 100).tolist()
+            advantages = self.rng.standard_normal(t.num_generations)
+            for advantage in advantages:
+                completion = self.rng.integers(0, self.vocab_size, t.max_completion_length)
+                # A random model's logprobs sit near -ln(vocab): keeps the policy ratio near 1.
+                logprobs = self.rng.normal(-math.log(self.vocab_size), 0.1, t.max_completion_length)
+                sample = rollout_sample(
+                    "p", "c", prompt, completion.tolist(), logprobs.tolist(), float(advantage),
+                    self.model_version, group_id, {"reward": 0.0},
+                )  # fmt: skip
+                while not self._stop.is_set():
+                    try:
+                        self.rollout_buffer.put(sample, timeout=0.5)
+                        break
+                    except queue.Full:
+                        continue
+            group_id += 1
+
+
+class NoWeightSync:
+    """Weight sync is timed by bench_scale.py; here it is skipped."""
+
+    def init_weight_transfer(self) -> None: ...
+    def pause(self) -> None: ...
+    def send_weights(self, iterator) -> None: ...
+    def resume(self) -> None: ...
+    def destroy(self) -> None: ...
+
+
+def run_mode(config, prefetch: bool, out: Path) -> dict:
+    import torch
+    from transformers import AutoConfig, AutoTokenizer
+
+    from trainers import trl_adapter
+    from trainers.datasets import load_prompt_dataset
+    from trainers.job import streaming_trl_args, trl_args
+    from trainers.rewards import get_reward_functions
+    from trainers.rollout_logging import step_time_split
+
+    tokenizer = AutoTokenizer.from_pretrained(config.model)
+    vocab = AutoConfig.from_pretrained(config.model).vocab_size
+    worker = ReadyRollouts(config, min(vocab, len(tokenizer)))
+    args = trl_args(config, out, on_cpu=not torch.cuda.is_available())
+    args.update(streaming_trl_args(config), report_to=[])
+    trainer = trl_adapter.build_async_trainer(
+        config.model, tokenizer, load_prompt_dataset("arithmetic", 64, 0),
+        get_reward_functions(list(config.rewards)), worker, NoWeightSync(), args,
+        prefetch_next_step=prefetch,
+    )  # fmt: skip
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    trainer.train()
+    elapsed = time.perf_counter() - start
+    worker.stop()
+    history = trainer.state.log_history
+    steps = [e["perf/step_s"] for e in history if "perf/step_s" in e]
+    trained = [
+        e["batch/trained_tokens_per_step"] for e in history if "batch/trained_tokens_per_step" in e
+    ]
+    step_s = statistics.median(steps) if steps else None
+    result = {
+        "prefetch_next_step": prefetch,
+        "prefetch_active": bool(
+            getattr(trainer, "next_step_batches", None) and trainer.next_step_batches.enabled
+        ),
+        "steps": trainer.state.global_step,
+        "seconds": round(elapsed, 2),
+        "step_time_split_s": step_time_split(history),
+        "step_s_all": [round(s, 3) for s in steps],
+        "trained_tokens_per_step": statistics.median(trained) if trained else None,
+        "trained_tokens_per_s": statistics.median(trained) / step_s if trained and step_s else None,
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30
+        if torch.cuda.is_available()
+        else None,
+    }
+    if getattr(trainer, "next_step_batches", None) is not None:
+        trainer.next_step_batches.stop()
+    del trainer
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    from trainers.config import load_config
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", help="a job config YAML (default: the embedded default)")
+    parser.add_argument("--prefetch", default="off,on", help="modes to run, in order: off, on")
+    parser.add_argument("--smoke", action="store_true", help="CPU: a tiny random model, 2 steps")
+    parser.add_argument("--json-out")
+    parser.add_argument("overrides", nargs="*", help="dotted.key=value, as for train_grpo.py")
+    args = parser.parse_args(argv)
+    modes = [m.strip() for m in args.prefetch.split(",") if m.strip()]
+    if not modes or any(m not in ("on", "off") for m in modes):
+        parser.error(f"--prefetch takes on and/or off, comma-separated; got {args.prefetch!r}")
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-trainer-"))
+    overrides = list(args.overrides)
+    if args.smoke:
+        model = tmp / "model"
+        tokenizer = Path(__file__).resolve().parents[1] / ".devdata" / "smollm2-tokenizer"
+        if not tokenizer.exists():
+            from rollout.builtin_models import smollm2_path
+
+            tokenizer = smollm2_path()
+        subprocess.run(
+            [sys.executable, str(Path(__file__).with_name("make_random_model.py")), "--shape", "tiny",
+             "--tokenizer", str(tokenizer), "--out", str(model), "--dtype", "float32"],
+            check=True,
+        )  # fmt: skip
+        overrides = [f"model={model}", "trainer.max_steps=2", "trainer.max_completion_length=32",
+                     "trainer.prompts_per_step=2", "trainer.num_generations=4",
+                     "trainer.token_budget=160", "rollout.engine.max_model_len=160"] + overrides  # fmt: skip
+    config = load_config(
+        args.config, [f"output_dir={tmp / 'run'}", "wandb.mode=disabled", *overrides]
+    )
+    if config.model == "smollm2":
+        parser.error("give a model folder: model=PATH (scripts/make_random_model.py makes one)")
+
+    results = []
+    for mode in modes:
+        result = run_mode(config, mode == "on", tmp / f"run-{mode}")
+        print(f"[trainer-step] prefetch {mode}: {json.dumps(result)}", flush=True)
+        results.append(result)
+    split = {r["prefetch_next_step"]: r["step_time_split_s"] or {} for r in results}
+    if True in split and False in split and split[True].get("step") and split[False].get("step"):
+        ratio = split[False]["step"] / split[True]["step"]
+        print(f"[trainer-step] step time, off / on: {ratio:.3f}")
+    report = {
+        "commit": os.environ.get("ROLLOUT_COMMIT") or _git_commit(),
+        "date": datetime.date.today().isoformat(),
+        "device": _device(),
+        "command": " ".join(
+            [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "token_budget": config.token_budget,
+        "results": results,
+    }
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(report, indent=1))
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+def _device() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+if __name__ == "__main__":
+    main()
