@@ -1,27 +1,24 @@
 """Trainer-only benchmark: the GRPO job's streaming trainer fed by rollouts that are always ready.
 
     python scripts/bench_trainer_step.py --config configs/qwen2.5-1.5b-gsm-16k.yaml \\
-        model=/tmp/q15 trainer.max_completion_length=4096 rollout.engine.max_model_len=4352 \\
-        --prefetch off,on --json-out out/trainer_step.json
+        model=/tmp/q15 trainer.max_steps=4 trainer.max_completion_length=4096 \\
+        rollout.engine.max_model_len=4352 --json-out out/trainer_step.json
     python scripts/bench_trainer_step.py --smoke                   # CPU, a tiny random model
 
 The trainer is built exactly as `scripts/train_grpo.py` builds it (same config, same TRL
 arguments, same attention), but its samples come from a thread that makes full-length random
 completions, with the prompt shared by each group, as fast as the trainer takes them, and weight
 sync is skipped. So this is the trainer's side of the job alone: what a trainer with a GPU of its
-own spends per optimizer step when rollouts are never late. Per mode it reports the median step
-time and TRL's split of it (`other`: none of TRL's timers; see trainers/rollout_logging.py), and
-trained tokens per second.
-
-`--prefetch off,on` compares building the next step's micro-batches during the current step
-(`trainer.prefetch_next_step`) with building them between steps, in one run.
+own spends per optimizer step when rollouts are never late. It reports the median step time and
+TRL's split of it (`other`: none of TRL's timers; see trainers/rollout_logging.py), trained
+tokens per second and the peak GPU memory. The model's weights are random, so the loss means
+nothing; shapes, memory and times are the real ones.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import gc
 import json
 import math
 import os
@@ -105,7 +102,7 @@ class NoWeightSync:
     def destroy(self) -> None: ...
 
 
-def run_mode(config, prefetch: bool, out: Path) -> dict:
+def run(config, out: Path) -> dict:
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
@@ -123,7 +120,6 @@ def run_mode(config, prefetch: bool, out: Path) -> dict:
     trainer = trl_adapter.build_async_trainer(
         config.model, tokenizer, load_prompt_dataset("arithmetic", 64, 0),
         get_reward_functions(list(config.rewards)), worker, NoWeightSync(), args,
-        prefetch_next_step=prefetch,
     )  # fmt: skip
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
@@ -137,28 +133,16 @@ def run_mode(config, prefetch: bool, out: Path) -> dict:
         e["batch/trained_tokens_per_step"] for e in history if "batch/trained_tokens_per_step" in e
     ]
     step_s = statistics.median(steps) if steps else None
-    result = {
-        "prefetch_next_step": prefetch,
-        "prefetch_active": bool(
-            getattr(trainer, "next_step_batches", None) and trainer.next_step_batches.enabled
-        ),
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+    return {
         "steps": trainer.state.global_step,
         "seconds": round(elapsed, 2),
         "step_time_split_s": step_time_split(history),
         "step_s_all": [round(s, 3) for s in steps],
         "trained_tokens_per_step": statistics.median(trained) if trained else None,
         "trained_tokens_per_s": statistics.median(trained) / step_s if trained and step_s else None,
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30
-        if torch.cuda.is_available()
-        else None,
+        "peak_memory_gib": peak,
     }
-    if getattr(trainer, "next_step_batches", None) is not None:
-        trainer.next_step_batches.stop()
-    del trainer
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    return result
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -168,14 +152,10 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--config", help="a job config YAML (default: the embedded default)")
-    parser.add_argument("--prefetch", default="off,on", help="modes to run, in order: off, on")
     parser.add_argument("--smoke", action="store_true", help="CPU: a tiny random model, 2 steps")
     parser.add_argument("--json-out")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, as for train_grpo.py")
     args = parser.parse_args(argv)
-    modes = [m.strip() for m in args.prefetch.split(",") if m.strip()]
-    if not modes or any(m not in ("on", "off") for m in modes):
-        parser.error(f"--prefetch takes on and/or off, comma-separated; got {args.prefetch!r}")
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-trainer-"))
     overrides = list(args.overrides)
@@ -200,15 +180,8 @@ def main(argv: list[str] | None = None) -> None:
     if config.model == "smollm2":
         parser.error("give a model folder: model=PATH (scripts/make_random_model.py makes one)")
 
-    results = []
-    for mode in modes:
-        result = run_mode(config, mode == "on", tmp / f"run-{mode}")
-        print(f"[trainer-step] prefetch {mode}: {json.dumps(result)}", flush=True)
-        results.append(result)
-    split = {r["prefetch_next_step"]: r["step_time_split_s"] or {} for r in results}
-    if True in split and False in split and split[True].get("step") and split[False].get("step"):
-        ratio = split[False]["step"] / split[True]["step"]
-        print(f"[trainer-step] step time, off / on: {ratio:.3f}")
+    result = run(config, tmp / "run")
+    print(f"[trainer-step] {json.dumps(result)}", flush=True)
     report = {
         "commit": os.environ.get("ROLLOUT_COMMIT") or _git_commit(),
         "date": datetime.date.today().isoformat(),
@@ -218,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
         "gradient_accumulation_steps": config.gradient_accumulation_steps,
         "token_budget": config.token_budget,
-        "results": results,
+        **result,
     }
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)

@@ -52,10 +52,6 @@ class TrainerConfig:
     dtype: str = "float32"
     """Training dtype of the trainer's model ("float32" on CPU; "bfloat16" on GPUs)."""
     gradient_checkpointing: bool = False
-    prefetch_next_step: bool = True
-    """Streaming: a thread builds the next step's micro-batches (sample pulls, packing, the copy
-    to the device) while the current step trains. False: the trainer builds them between steps,
-    its device idle meanwhile (about 10% of a step for the 1.5B GPU recipe)."""
     logging_steps: int = 1
 
 

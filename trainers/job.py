@@ -165,9 +165,8 @@ def run_job(config: JobConfig) -> dict:
             )  # fmt: skip
             args.update(streaming_trl_args(config))
             trainer = trl_adapter.build_async_trainer(
-                model_path, tokenizer, dataset, reward_funcs, worker, transfer, args,
-                prefetch_next_step=t.prefetch_next_step,
-            )  # fmt: skip
+                model_path, tokenizer, dataset, reward_funcs, worker, transfer, args
+            )
         else:
             synced = {"step": 0}
 
@@ -231,18 +230,12 @@ def run_job(config: JobConfig) -> dict:
             ),
             "wandb_dir": str(out / "wandb"),
             "mode": t.mode,
-            # Whether the next step's micro-batches were built during the current one (streaming).
-            "prefetched_next_step": bool(
-                getattr(trainer, "next_step_batches", None) and trainer.next_step_batches.enabled
-            ),
             "num_actors": placement.num_actors,
             "config": to_dict(config),
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         if hasattr(trainer, "rollout_worker") and trainer.rollout_worker is not None:
             trainer.rollout_worker.stop()
-        if getattr(trainer, "next_step_batches", None) is not None:
-            trainer.next_step_batches.stop()
         return summary
     finally:
         _finish_wandb()

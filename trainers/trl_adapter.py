@@ -24,7 +24,6 @@ import numpy as np
 from rollout.engine.sampling_params import SamplingParams
 from trainers.prompts import PromptFormatter
 from trainers.scoring import score_group
-from trainers.step_prefetch import NextStepBatches
 from trainers.tree_attention import TREE_ATTENTION_NAME, register_tree_attention
 
 TRL_VERSION = "1.16.0"
@@ -222,10 +221,8 @@ def build_async_trainer(
     worker: PoolRolloutWorker,
     transfer: PoolWeightTransfer,
     args: dict,
-    prefetch_next_step: bool = True,
 ):
-    """AsyncGRPOTrainer wired to our worker and transfer, its attention swapped for ours, and
-    (prefetch_next_step) its micro-batches built a step ahead (`trainers.step_prefetch`)."""
+    """AsyncGRPOTrainer wired to our worker and transfer, its attention swapped for ours."""
     import torch
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
     from trl.experimental.async_grpo import async_grpo_trainer as trainer_module
@@ -245,9 +242,6 @@ def build_async_trainer(
     )
     register_tree_attention()
     trainer.model.set_attn_implementation(TREE_ATTENTION_NAME)
-    if prefetch_next_step:
-        trainer.next_step_batches = NextStepBatches(trainer)
-        trainer.next_step_batches.install()
     return trainer
 
 

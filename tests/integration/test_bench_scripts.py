@@ -65,17 +65,14 @@ def test_bench_scale_smoke_streams_every_token_and_times_the_sync(tmp_path) -> N
 
 
 @pytest.mark.slow
-def test_bench_trainer_step_smoke_times_both_batch_building_modes(tmp_path, monkeypatch) -> None:
+def test_bench_trainer_step_smoke_trains_every_completion_token(tmp_path, monkeypatch) -> None:
     pytest.importorskip("trl")
     monkeypatch.setenv("ROLLOUT_COMMIT", "abc1234")
     out = tmp_path / "trainer.json"
     _script("bench_trainer_step").main(["--smoke", "--json-out", str(out)])
     report = json.loads(out.read_text())
     assert report["commit"] == "abc1234"
-    off, on = report["results"]
-    assert (off["prefetch_next_step"], on["prefetch_next_step"]) == (False, True)
-    assert (off["prefetch_active"], on["prefetch_active"]) == (False, True)
-    for result in (off, on):
-        assert result["steps"] == 2
-        assert result["trained_tokens_per_step"] == 2 * 4 * 32  # every completion token trained
-        assert result["step_time_split_s"]["step"] > 0
+    assert report["steps"] == 2
+    # 2 prompts x 4 samples x 32 completion tokens: a step holds all of its samples.
+    assert report["trained_tokens_per_step"] == 2 * 4 * 32
+    assert report["step_time_split_s"]["step"] > 0 and report["trained_tokens_per_s"] > 0
