@@ -15,8 +15,9 @@
 #
 # Settings (environment): STEPS (4), COMPLETION (4096), SHAPE (qwen2.5-1.5b), EXTRA (more dotted
 # overrides, applied last), PROFILE=1 (sample the trainer process's threads with py-spy, waits
-# included, into $OUT/trainer_profile.txt, collapsed stacks; build the kit with
-# `bash ../shared/device/kit.sh py-spy==0.4.3`).
+# included, into $OUT/trainer_profile.txt, collapsed stacks) or PROFILE=gil (only the thread
+# holding the GIL, into $OUT/trainer_gil_profile.txt); build the kit with
+# `bash ../shared/device/kit.sh py-spy==0.4.3`.
 # .devdata/smollm2-tokenizer is the tokenizer of the built-in model, saved once on your machine:
 #   .venv/bin/python -c "from rollout.builtin_models import smollm2_path as p; \
 #     from transformers import AutoTokenizer as T; T.from_pretrained(p()).save_pretrained('.devdata/smollm2-tokenizer')"
@@ -42,6 +43,11 @@ if [ "${PROFILE:-0}" = 1 ]; then
   # where the step's wall time goes, not only its CPU time.
   LAUNCH=(py-spy record --idle --threads --nonblocking --rate 20 --format raw
     -o "$OUT/trainer_profile.txt" --)
+elif [ "${PROFILE:-0}" = gil ]; then
+  # Only the thread holding the GIL at each sample: which Python work competes with the
+  # training loop's.
+  LAUNCH=(py-spy record --gil --threads --nonblocking --rate 50 --format raw
+    -o "$OUT/trainer_gil_profile.txt" --)
 fi
 # shellcheck disable=SC2086  # EXTRA is a list of overrides
 timeout ${JOB_TIMEOUT:-480} "${LAUNCH[@]}" $PY scripts/train_grpo.py --config configs/qwen2.5-1.5b-gsm-16k.yaml \
