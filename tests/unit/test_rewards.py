@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trainers.rewards import (
     REWARD_FUNCTIONS,
@@ -35,6 +37,21 @@ from trainers.rewards import (
 )
 def test_last_number(text: str, expected: str | None) -> None:
     assert last_number(text) == expected
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=st.text(alphabet="0123456789,.-ab \n", max_size=80), tail=st.integers(1, 12))
+def test_last_number_read_from_the_end_equals_a_scan_of_the_whole_text(text, tail) -> None:
+    import trainers.rewards as rewards
+
+    matches = rewards._NUMBER_RE.findall(text)
+    expected = rewards._normalise(matches[-1]) if matches else None
+    original = rewards._TAIL_CHARS
+    rewards._TAIL_CHARS = tail  # short stretches, so that most texts take several
+    try:
+        assert last_number(text) == expected
+    finally:
+        rewards._TAIL_CHARS = original
 
 
 def test_exact_answer_plain_strings() -> None:
