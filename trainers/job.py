@@ -94,7 +94,7 @@ def run_job(config: JobConfig) -> dict:
     from rollout.engine.config import EngineConfig
     from rollout.engine.sampling_params import SamplingParams
     from rollout.pool import RolloutPool
-    from trainers import trl_adapter
+    from trainers import streaming_rollouts, trl_adapter
     from trainers.datasets import load_prompt_dataset
     from trainers.placement import plan_placement, ray_sees
     from trainers.prompts import PromptFormatter
@@ -155,11 +155,13 @@ def run_job(config: JobConfig) -> dict:
         def parity() -> float:
             return logprob_parity(pool, trainer_holder["trainer"].model, probe_prompt)
 
-        transfer = trl_adapter.PoolWeightTransfer(pool, parity, placement.weight_sync_backend)
+        transfer = streaming_rollouts.PoolWeightTransfer(
+            pool, parity, placement.weight_sync_backend
+        )
         args = trl_args(config, out, on_cpu=placement.trainer_device == "cpu")
         start = time.perf_counter()
         if t.mode == "streaming":
-            worker = trl_adapter.PoolRolloutWorker(
+            worker = streaming_rollouts.PoolRolloutWorker(
                 pool, dataset, formatter, reward_funcs, sampling,
                 max_inflight_groups=t.prompts_per_step, on_group=rewards.add,
             )  # fmt: skip

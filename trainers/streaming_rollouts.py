@@ -1,0 +1,173 @@
+"""The RolloutPool behind TRL's streaming trainer: its rollout worker (prompts -> groups on the
+pool -> rewards and group-normalised advantages -> samples on TRL's queue) and its weight
+transfer (the pool's broadcast, then a logprob parity probe). TRL's own types come through
+`trainers.trl_adapter`, which holds every TRL import."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from rollout.engine.sampling_params import SamplingParams
+from trainers.prompts import PromptFormatter
+from trainers.scoring import score_group
+from trainers.trl_adapter import rollout_sample
+
+
+class PoolRolloutWorker:
+    """AsyncGRPOTrainer's rollout worker, backed by a RolloutPool.
+
+    Keeps at most `max_inflight_groups` groups generating (on demand, so samples stay fresh),
+    scores each completed group and pushes one RolloutSample per sample into `rollout_buffer`.
+    """
+
+    def __init__(
+        self,
+        pool,
+        dataset,
+        formatter: PromptFormatter,
+        reward_funcs: list[Callable],
+        sampling: SamplingParams,
+        max_inflight_groups: int,
+        on_group: Callable[[dict], None] | None = None,
+    ) -> None:
+        self.pool = pool
+        self.dataset = dataset
+        self.formatter = formatter
+        self.reward_funcs = reward_funcs
+        self.sampling = sampling
+        self.max_inflight_groups = max_inflight_groups
+        self.on_group = on_group
+        self.rollout_buffer: queue.Queue = queue.Queue()
+        self.metrics_queue: queue.Queue = queue.Queue()
+        self.model_version = 0
+        self.cursor = 0  # next dataset row (our own resume state)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._last_progress = time.time()
+
+    # -- RolloutWorkerProtocol
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="trl-rollout-worker", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def update_model_version(self, model_version: int) -> None:
+        self.model_version = model_version
+
+    def check_health(self, stale_after_s: float) -> None:
+        if self._error is not None:
+            raise RuntimeError("rollout worker failed") from self._error
+        if time.time() - self._last_progress > stale_after_s:
+            raise RuntimeError(f"no rollout finished in {stale_after_s:.0f} s")
+
+    # -- the loop
+    def _run(self) -> None:
+        rows: dict[int, dict] = {}
+        try:
+            while not self._stop.is_set():
+                while (
+                    len(rows) < self.max_inflight_groups
+                    and self.rollout_buffer.qsize() < self.max_inflight_groups * self.sampling.n
+                ):
+                    row = self.dataset[self.cursor % len(self.dataset)]
+                    self.cursor += 1
+                    group_id = self.pool.submit(
+                        self.formatter.prompt_ids(row["prompt"]), self.sampling
+                    )
+                    rows[group_id] = row
+                try:
+                    group = self.pool.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                row = rows.pop(group.group_id)
+                for sample in self._samples(group, row):
+                    self.rollout_buffer.put(sample)
+                self._last_progress = time.time()
+        except BaseException as err:  # noqa: BLE001 - surfaced by check_health
+            self._error = err
+
+    def _samples(self, group, row: dict) -> list:
+        completions = [self.formatter.completion(s.token_ids, row["prompt"]) for s in group.samples]
+        columns = {k: [v] * len(completions) for k, v in row.items() if k != "prompt"}
+        scored = score_group(
+            [row["prompt"]] * len(completions),
+            completions,
+            [s.token_ids for s in group.samples],
+            columns,
+            self.reward_funcs,
+        )
+        version = group.weight_versions[0]
+        metrics = {
+            "reward": float(scored.rewards.mean()),
+            "reward_std": float(scored.rewards.std()),
+        }
+        for name, values in scored.per_function.items():
+            metrics[f"rewards/{name}"] = float(np.nanmean(values))
+        samples = [
+            rollout_sample(
+                row["prompt"],
+                completion,
+                s.prompt_token_ids,
+                s.token_ids,
+                s.logprobs,
+                float(advantage),
+                version,
+                group.group_id,
+                metrics,
+            )
+            for s, completion, advantage in zip(
+                group.samples, completions, scored.advantages, strict=True
+            )
+        ]
+        if self.on_group is not None:
+            self.on_group({"group": group, "rewards": scored.rewards, "metrics": metrics})
+        self.metrics_queue.put(
+            {
+                "rollout/staleness": float(self.model_version - version),
+                "rollout/group_latency_s": float(
+                    max(s.finished_at for s in group.samples) - group.metadata["submitted_at"]
+                ),
+            }
+        )
+        return samples
+
+
+class PoolWeightTransfer:
+    """AsyncGRPOTrainer's weight transfer: the pool's broadcast, then a logprob parity probe."""
+
+    def __init__(
+        self, pool, parity_check: Callable[[], float] | None = None, backend: str = "gloo"
+    ) -> None:
+        self.pool = pool
+        self.parity_check = parity_check
+        self.backend = backend
+        self.history: list[dict] = []
+
+    def init_weight_transfer(self) -> None:
+        pass  # the pool builds its group on the first sync
+
+    def pause(self) -> None:
+        self.pool.pause()
+
+    def send_weights(self, iterator: Iterator[tuple[str, Any]]) -> None:
+        result = self.pool.sync_weights(iterator, backend=self.backend)
+        self.history.append(result)
+
+    def resume(self) -> None:
+        self.pool.resume()
+        if self.parity_check is not None and self.history:
+            self.history[-1]["logprob_max_abs_diff"] = self.parity_check()
+
+    def destroy(self) -> None:
+        pass
