@@ -146,6 +146,7 @@ def run(config, out: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from rollout.benchmark.report import commit_id
     from trainers.config import load_config
 
     parser = argparse.ArgumentParser(
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     result = run(config, tmp / "run")
     print(f"[trainer-step] {json.dumps(result)}", flush=True)
     report = {
-        "commit": os.environ.get("ROLLOUT_COMMIT") or _git_commit(),
+        "commit": commit_id(),
         "date": datetime.date.today().isoformat(),
         "device": _device(),
         "command": " ".join(
@@ -196,15 +197,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(report, indent=1))
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        return "unknown"
 
 
 def _device() -> str:
