@@ -108,6 +108,14 @@ def _trainer_logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tens
     return torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
 
 
+def _assert_probe_matches(pool, trainer, prompt: list[int], version: int, **probe_args) -> None:
+    """An actor's probe was generated under `version` and its logprobs equal the trainer's."""
+    probe = pool.probe(prompt, max_tokens=12, **probe_args)
+    fresh = _trainer_logprobs(trainer, prompt, probe["token_ids"])
+    assert probe["version"] == version
+    assert (fresh - torch.tensor(probe["logprobs"])).abs().max().item() < 1e-4
+
+
 def test_weight_sync_over_gloo_matches_the_trainer(ray_cluster, model_dir) -> None:
     from rollout.pool import RolloutPool
 
@@ -122,10 +130,7 @@ def test_weight_sync_over_gloo_matches_the_trainer(ray_cluster, model_dir) -> No
         result = pool.sync_weights(trainer.named_parameters(), version=1)
         assert result["version"] == 1 and result["bytes"] > 0
         for actor in (0, 1):
-            after = pool.probe(probe_prompt, max_tokens=12, actor=actor)
-            fresh = _trainer_logprobs(trainer, probe_prompt, after["token_ids"])
-            assert after["version"] == 1
-            assert (fresh - torch.tensor(after["logprobs"])).abs().max().item() < 1e-4
+            _assert_probe_matches(pool, trainer, probe_prompt, version=1, actor=actor)
 
         # Samples generated after the sync carry the new version.
         pool.submit(probe_prompt, SamplingParams(max_tokens=5, n=2))
@@ -136,10 +141,7 @@ def test_weight_sync_over_gloo_matches_the_trainer(ray_cluster, model_dir) -> No
         named.append(("lm_head.extra", torch.zeros(3)))
         with pytest.raises(Exception, match="lm_head"):
             pool.sync_weights(named, version=2)
-        again = pool.probe(probe_prompt, max_tokens=12)
-        fresh = _trainer_logprobs(trainer, probe_prompt, again["token_ids"])
-        assert again["version"] == 1
-        assert (fresh - torch.tensor(again["logprobs"])).abs().max().item() < 1e-4
+        _assert_probe_matches(pool, trainer, probe_prompt, version=1)
     finally:
         pool.shutdown()
 
@@ -233,10 +235,7 @@ def test_an_actor_that_dies_during_a_sync_is_dropped_and_the_sync_completes(
         assert {g.group_id for g in groups} == ids
         assert all(len(g.samples) == 2 and not any(s.error for s in g.samples) for g in groups)
         probe_prompt = random_prompts((6,), seed=33)[0]
-        probe = pool.probe(probe_prompt, max_tokens=12)
-        fresh = _trainer_logprobs(trainer, probe_prompt, probe["token_ids"])
-        assert probe["version"] == 2
-        assert (fresh - torch.tensor(probe["logprobs"])).abs().max().item() < 1e-4
+        _assert_probe_matches(pool, trainer, probe_prompt, version=2)
     finally:
         pool.shutdown()
 
