@@ -24,7 +24,7 @@ from rollout.engine.cuda_graph import (
     pad_decode_inputs,
 )
 from rollout.engine.device_timing import DeviceTiming
-from rollout.engine.forward_context import AttentionMetadata, ForwardContext, forward_context
+from rollout.engine.forward_context import ForwardContext, forward_context
 from rollout.engine.fused_projections import fuse_projections, route_decode_linears
 from rollout.engine.kv_cache import KVCacheShape, allocate_kv_caches
 from rollout.engine.sampler import Sampler, SamplingTensors
@@ -32,6 +32,7 @@ from rollout.engine.step_inputs import StepInputs
 from rollout.engine.step_slot import StepSlot
 from rollout.engine.streams import StepStreams
 from rollout.kernels import resolve_attention_backend
+from rollout.kernels.attention_metadata import AttentionMetadata
 
 
 @dataclass

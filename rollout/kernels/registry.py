@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from rollout.kernels import torch_paged_attention
-
-if TYPE_CHECKING:
-    from rollout.engine.forward_context import AttentionMetadata
+from rollout.kernels.attention_metadata import AttentionMetadata
 
 
 class AttentionBackend(Protocol):
