@@ -19,9 +19,9 @@ from typing import Any
 from rollout.engine.config import EngineConfig
 from rollout.engine.model_loader import TORCH_DTYPES
 from rollout.engine.sampling_params import SamplingParams
-from rollout.pool_weights import ActorsLostDuringSync, ActorWeightSync
 from rollout.rollout_types import CompletedGroup, FinishedSample, GroupRequest
-from rollout.weights import DEFAULT_BUCKET_BYTES, manifest_for
+from rollout.weight_sync.pool_side import ActorsLostDuringSync, ActorWeightSync
+from rollout.weight_sync.transfer import DEFAULT_BUCKET_BYTES, manifest_for
 from rollout.worker import RolloutWorker
 
 

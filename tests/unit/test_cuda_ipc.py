@@ -1,5 +1,5 @@
 """The CUDA IPC weight sync's CPU-side pieces: its control messages over a gloo group, and the
-errors that point a user elsewhere (the GPU path itself is in tests/gpu/test_weight_ipc_gpu.py)."""
+errors that point a user elsewhere (the GPU path itself is in tests/gpu/test_cuda_ipc_gpu.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import threading
 import pytest
 import torch
 
-from rollout import weight_ipc
-from rollout.weights import WeightGroup, free_port
+from rollout.weight_sync import cuda_ipc
+from rollout.weight_sync.transfer import WeightGroup, free_port
 
 
 def test_cpu_weights_are_refused_with_a_pointer_to_gloo() -> None:
     with pytest.raises(ValueError, match="weight_sync_backend=gloo"):
-        weight_ipc.send_buckets(None, [[0]], [1], torch.float32, torch.device("cpu"), None)
+        cuda_ipc.send_buckets(None, [[0]], [1], torch.float32, torch.device("cpu"), None)
 
 
 def test_handle_bytes_and_barriers_reach_every_rank() -> None:
@@ -26,9 +26,9 @@ def test_handle_bytes_and_barriers_reach_every_rank() -> None:
     def rank(r: int) -> None:
         try:
             group = WeightGroup("127.0.0.1", port, r, world, "cuda_ipc", timeout_s=60)
-            got[r] = weight_ipc._broadcast_bytes(group, payload if r == 0 else None)
+            got[r] = cuda_ipc._broadcast_bytes(group, payload if r == 0 else None)
             for _ in range(3):
-                assert weight_ipc._failures(group, None) == 0
+                assert cuda_ipc._failures(group, None) == 0
         except BaseException as e:
             errors.append(e)
 
@@ -49,13 +49,13 @@ def test_an_engine_on_another_device_stops_both_sides_before_any_bucket() -> Non
 
     def trainer() -> None:
         group = WeightGroup("127.0.0.1", port, 0, 2, "cuda_ipc", timeout_s=60)
-        weight_ipc._broadcast_bytes(group, pickle.dumps(("GPU-trainer", None, ())))
-        outcome["failures seen by the trainer"] = weight_ipc._failures(group, None)
+        cuda_ipc._broadcast_bytes(group, pickle.dumps(("GPU-trainer", None, ())))
+        outcome["failures seen by the trainer"] = cuda_ipc._failures(group, None)
 
     def engine() -> None:
         group = WeightGroup("127.0.0.1", port, 1, 2, "cuda_ipc", timeout_s=60)
         try:
-            weight_ipc.receive_buckets(group, [[0]], [1], torch.device("cpu"), None)
+            cuda_ipc.receive_buckets(group, [[0]], [1], torch.device("cpu"), None)
         except RuntimeError as e:
             outcome["engine error"] = str(e)
 
@@ -79,10 +79,10 @@ class _SameProcessIPC:
 
     def __init__(self, monkeypatch) -> None:
         self.buffers: dict[bytes, torch.Tensor] = {}
-        monkeypatch.setattr(weight_ipc, "_require_gpu", lambda device: None)
-        monkeypatch.setattr(weight_ipc, "_share", self.share)
-        monkeypatch.setattr(weight_ipc, "_map", self.map)
-        monkeypatch.setattr(weight_ipc, "_wait_for", lambda device: None)
+        monkeypatch.setattr(cuda_ipc, "_require_gpu", lambda device: None)
+        monkeypatch.setattr(cuda_ipc, "_share", self.share)
+        monkeypatch.setattr(cuda_ipc, "_map", self.map)
+        monkeypatch.setattr(cuda_ipc, "_wait_for", lambda device: None)
         self.fail_map = False
 
     def share(self, staging: torch.Tensor) -> bytes:
@@ -111,7 +111,7 @@ def _run_sync(world: int, numels: list[int], fail_copy_at: int | None = None):
         group = WeightGroup("127.0.0.1", port, r, world, "cuda_ipc", timeout_s=60)
         try:
             if r == 0:
-                outcome[r] = weight_ipc.send_buckets(
+                outcome[r] = cuda_ipc.send_buckets(
                     group, buckets, numels, torch.float32, torch.device("cpu"), pack
                 )
                 return
@@ -121,7 +121,7 @@ def _run_sync(world: int, numels: list[int], fail_copy_at: int | None = None):
                     raise RuntimeError("copy failed")
                 received[r].append(flat.clone())
 
-            outcome[r] = weight_ipc.receive_buckets(
+            outcome[r] = cuda_ipc.receive_buckets(
                 group, buckets, numels, torch.device("cpu"), unpack
             )
         except Exception as e:

@@ -2,7 +2,7 @@
 
 The group is built from a TCP store with the backend classes directly (gloo on CPU, NCCL between
 GPUs, and gloo carrying CUDA IPC handles when the trainer and an engine share one GPU: see
-`rollout.weight_ipc`), so it never touches the trainer's own default process group. Parameters
+`rollout.weight_sync.cuda_ipc`), so it never touches the trainer's own default process group. Parameters
 travel by transformers name, cast to the rollout dtype and packed into buckets (one broadcast
 each); each receiver copies them in place into its engine's parameters, so CUDA graphs captured
 on those tensors stay valid.
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rollout import weight_ipc
 from rollout.engine.model_loader import TORCH_DTYPES
+from rollout.weight_sync import cuda_ipc
 
 BACKENDS = ("gloo", "nccl", "cuda_ipc")
 
@@ -150,7 +150,7 @@ def send_weights(
 
     if group.backend == "cuda_ipc":
         numels = [_bucket_numel(manifest, b) for b in buckets]
-        return weight_ipc.send_buckets(group, buckets, numels, manifest.torch_dtype, device, pack)
+        return cuda_ipc.send_buckets(group, buckets, numels, manifest.torch_dtype, device, pack)
     sent = 0
     for bucket in buckets:
         flat = torch.empty(
@@ -200,7 +200,7 @@ def _receive(group: WeightGroup, manifest: WeightManifest, device: torch.device,
     buckets = manifest.buckets()
     if group.backend == "cuda_ipc":
         numels = [_bucket_numel(manifest, b) for b in buckets]
-        return weight_ipc.receive_buckets(group, buckets, numels, device, unpack)
+        return cuda_ipc.receive_buckets(group, buckets, numels, device, unpack)
     received = 0
     for bucket in buckets:
         numel = _bucket_numel(manifest, bucket)

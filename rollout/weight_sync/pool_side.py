@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from rollout.weights import WeightGroup, WeightManifest, free_port, send_weights
+from rollout.weight_sync.transfer import WeightGroup, WeightManifest, free_port, send_weights
 
 
 class ActorsLostDuringSync(RuntimeError):
