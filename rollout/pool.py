@@ -20,8 +20,12 @@ from rollout.engine.config import EngineConfig
 from rollout.engine.model_loader import TORCH_DTYPES
 from rollout.engine.sampling_params import SamplingParams
 from rollout.rollout_types import CompletedGroup, FinishedSample, GroupRequest
-from rollout.weight_sync.pool_side import ActorsLostDuringSync, ActorWeightSync
-from rollout.weight_sync.transfer import DEFAULT_BUCKET_BYTES, manifest_for
+from rollout.weight_sync import (
+    DEFAULT_BUCKET_BYTES,
+    ActorsLostDuringSync,
+    ActorWeightSync,
+    manifest_for,
+)
 from rollout.worker import RolloutWorker
 
 

@@ -24,7 +24,7 @@ from rollout.engine.sampling_params import SamplingParams
 from rollout.engine.sequence import Completion
 from rollout.metrics import WorkerMetrics
 from rollout.rollout_types import FinishedSample, GroupRequest
-from rollout.weight_sync.transfer import (
+from rollout.weight_sync import (
     TornWeightsError,
     WeightGroup,
     WeightManifest,

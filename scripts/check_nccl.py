@@ -47,7 +47,7 @@ def _rank(
     try:
         import torch
 
-        from rollout.weight_sync.transfer import WeightGroup
+        from rollout.weight_sync import WeightGroup
 
         cuda = backend == "nccl"
         if cuda:
@@ -71,7 +71,7 @@ def _rank(
 
 
 def check_layout(name: str, gib: float, timeout_s: float, backend: str = "nccl") -> str:
-    from rollout.weight_sync.transfer import free_port
+    from rollout.weight_sync import free_port
 
     layout, env = VARIANTS.get(name, (name, {}))
     ctx = mp.get_context("spawn")

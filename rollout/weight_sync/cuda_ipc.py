@@ -20,10 +20,12 @@ and refuse with an error that says so.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable
 
 import torch
 from torch.multiprocessing.reductions import reduce_tensor
+
+from rollout.weight_sync.base import Pack
+from rollout.weight_sync.group import WeightGroup
 
 # Position of the device index among the arguments torch's reduce_tensor gives for a CUDA tensor
 # (tensor class, size, stride, offset, storage class, dtype, device, handle, ...). The receiver
@@ -32,12 +34,12 @@ _DEVICE_ARG = 6
 
 
 def send_buckets(
-    group,
+    group: WeightGroup,
     buckets: list[list[int]],
     numels: list[int],
     dtype: torch.dtype,
     device: torch.device,
-    pack: Callable[[list[int], torch.Tensor], None],
+    pack: Pack,
 ) -> int:
     """Trainer side: `pack(bucket, out)` fills `out` with one bucket; returns bytes shared."""
     _require_gpu(device)
@@ -69,13 +71,15 @@ def send_buckets(
 
 
 def receive_buckets(
-    group,
+    group: WeightGroup,
     buckets: list[list[int]],
     numels: list[int],
+    dtype: torch.dtype,
     device: torch.device,
-    unpack: Callable[[list[int], torch.Tensor], None],
+    unpack: Pack,
 ) -> int:
-    """Engine side: map the trainer's staging buffer and `unpack(bucket, flat)` each bucket.
+    """Engine side: map the trainer's staging buffer and `unpack(bucket, flat)` each bucket
+    (`dtype` is the buffer's own: the handle carries it).
 
     Every failure on any side is first announced to all members (an all-reduce of failure
     flags), so each side raises instead of waiting for the others until the group's timeout."""

@@ -9,7 +9,9 @@ from typing import Any
 
 import torch
 
-from rollout.weight_sync.transfer import WeightGroup, WeightManifest, free_port, send_weights
+from rollout.weight_sync.group import WeightGroup, free_port
+from rollout.weight_sync.manifest import WeightManifest
+from rollout.weight_sync.transfer import send_weights
 
 
 class ActorsLostDuringSync(RuntimeError):

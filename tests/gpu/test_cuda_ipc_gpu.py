@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
 def _engine_side(port: int, manifest, results) -> None:
     import faulthandler
 
-    from rollout.weight_sync.transfer import WeightGroup, receive_weights
+    from rollout.weight_sync import WeightGroup, receive_weights
 
     faulthandler.dump_traceback_later(100, exit=True)  # a hang shows where, then ends
     try:
@@ -36,7 +36,7 @@ def _engine_side(port: int, manifest, results) -> None:
 
 
 def test_many_buckets_arrive_exactly_through_one_staging_buffer() -> None:
-    from rollout.weight_sync.transfer import WeightGroup, free_port, manifest_for, send_weights
+    from rollout.weight_sync import WeightGroup, free_port, manifest_for, send_weights
 
     trainer = tiny_model("llama", seed=7).to("cuda:0")  # fp32: the sender casts to bf16
     named = list(trainer.named_parameters())

@@ -8,7 +8,7 @@ import torch
 
 from rollout import EngineConfig, SamplingParams
 from rollout.rollout_types import GroupRequest
-from rollout.weight_sync.transfer import TornWeightsError, manifest_for, send_weights
+from rollout.weight_sync import TornWeightsError, manifest_for, send_weights
 from rollout.worker import RolloutWorker
 from tests.conftest import random_prompts, tiny_model
 
@@ -114,7 +114,7 @@ def test_a_receive_that_fails_before_the_transfer_releases_the_trainer(worker, m
     import time
 
     from rollout import worker as worker_module
-    from rollout.weight_sync.transfer import WeightGroup, free_port
+    from rollout.weight_sync import WeightGroup, free_port
 
     port, trainer_side = free_port(), {}
 

@@ -8,8 +8,7 @@ import threading
 import pytest
 import torch
 
-from rollout.weight_sync import cuda_ipc
-from rollout.weight_sync.transfer import WeightGroup, free_port
+from rollout.weight_sync import WeightGroup, cuda_ipc, free_port
 
 
 def test_cpu_weights_are_refused_with_a_pointer_to_gloo() -> None:
@@ -55,7 +54,7 @@ def test_an_engine_on_another_device_stops_both_sides_before_any_bucket() -> Non
     def engine() -> None:
         group = WeightGroup("127.0.0.1", port, 1, 2, "cuda_ipc", timeout_s=60)
         try:
-            cuda_ipc.receive_buckets(group, [[0]], [1], torch.device("cpu"), None)
+            cuda_ipc.receive_buckets(group, [[0]], [1], torch.float32, torch.device("cpu"), None)
         except RuntimeError as e:
             outcome["engine error"] = str(e)
 
@@ -122,7 +121,7 @@ def _run_sync(world: int, numels: list[int], fail_copy_at: int | None = None):
                 received[r].append(flat.clone())
 
             outcome[r] = cuda_ipc.receive_buckets(
-                group, buckets, numels, torch.device("cpu"), unpack
+                group, buckets, numels, torch.float32, torch.device("cpu"), unpack
             )
         except Exception as e:
             outcome[r] = e
