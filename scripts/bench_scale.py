@@ -140,9 +140,9 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from rollout import EngineConfig
+    from rollout.actors.pool import RolloutPool
     from rollout.benchmark.report import commit_id
     from rollout.benchmark.workloads import WORKLOADS, write_model_config
-    from rollout.pool import RolloutPool
     from trainers.placement import ray_sees
 
     name = "smoke" if args.smoke else args.workload

@@ -90,10 +90,10 @@ def run_job(config: JobConfig) -> dict:
     import torch
     from transformers import AutoTokenizer
 
+    from rollout.actors.pool import RolloutPool
     from rollout.builtin_models import smollm2_path
     from rollout.engine.config import EngineConfig
     from rollout.engine.sampling_params import SamplingParams
-    from rollout.pool import RolloutPool
     from trainers import streaming_rollouts, trl_adapter
     from trainers.datasets import load_prompt_dataset
     from trainers.placement import plan_placement, ray_sees

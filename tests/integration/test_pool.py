@@ -44,7 +44,7 @@ def _drain(pool, count: int, timeout: float = 120.0) -> list:
 
 
 def test_pool_streams_groups_that_match_a_local_engine(ray_cluster, model_dir) -> None:
-    from rollout.pool import RolloutPool
+    from rollout.actors.pool import RolloutPool
 
     prompts = random_prompts((3, 7, 12, 5, 9), seed=31)
     params = [SamplingParams(max_tokens=10 + 3 * i, n=3, seed=100 + i) for i in range(5)]
@@ -78,7 +78,7 @@ def test_pool_streams_groups_that_match_a_local_engine(ray_cluster, model_dir) -
 
 
 def test_a_dead_actor_loses_nothing(ray_cluster, model_dir) -> None:
-    from rollout.pool import RolloutPool
+    from rollout.actors.pool import RolloutPool
 
     pool = RolloutPool(_config(model_dir), num_actors=2)
     try:
@@ -117,7 +117,7 @@ def _assert_probe_matches(pool, trainer, prompt: list[int], version: int, **prob
 
 
 def test_weight_sync_over_gloo_matches_the_trainer(ray_cluster, model_dir) -> None:
-    from rollout.pool import RolloutPool
+    from rollout.actors.pool import RolloutPool
 
     trainer = tiny_model("llama", seed=99)  # different weights from the actors'
     pool = RolloutPool(_config(model_dir), num_actors=2)
@@ -153,7 +153,7 @@ def test_an_actor_that_cannot_join_the_weight_group_fails_the_sync_at_once(
     CUDA IPC asked of a CPU engine) must surface its error, not leave the trainer waiting."""
     import time
 
-    from rollout.pool import RolloutPool
+    from rollout.actors.pool import RolloutPool
 
     trainer = tiny_model("llama", seed=99)
     pool = RolloutPool(_config(model_dir), num_actors=1)
@@ -171,7 +171,7 @@ def test_an_actor_that_cannot_join_the_weight_group_fails_the_sync_at_once(
 def test_a_sync_right_after_an_actor_died_goes_to_the_others(ray_cluster, model_dir) -> None:
     """An actor dead before the pool noticed: the sync must not fail the trainer; the dead
     actor's groups move to the survivor and come back exactly once."""
-    from rollout.pool import RolloutPool
+    from rollout.actors.pool import RolloutPool
 
     trainer = tiny_model("llama", seed=99)
     pool = RolloutPool(_config(model_dir), num_actors=2)
@@ -208,8 +208,8 @@ def test_an_actor_that_dies_during_a_sync_is_dropped_and_the_sync_completes(
     """Death after the name/shape check, as the buckets start to move: the survivor's weights are
     torn by the broken transfer, so the pool syncs it again over a group without the dead actor;
     nothing is lost and nothing is generated with torn weights."""
+    from rollout.actors.pool import RolloutPool
     from rollout.weight_sync import pool_side
-    from rollout.pool import RolloutPool
 
     trainer = tiny_model("llama", seed=99)
     pool = RolloutPool(_config(model_dir), num_actors=2)
@@ -241,7 +241,7 @@ def test_an_actor_that_dies_during_a_sync_is_dropped_and_the_sync_completes(
 
 
 def test_an_abort_follows_groups_whose_actor_just_died(ray_cluster, model_dir) -> None:
-    from rollout.pool import RolloutPool
+    from rollout.actors.pool import RolloutPool
 
     pool = RolloutPool(_config(model_dir), num_actors=2)
     try:

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from rollout import EngineConfig, SamplingParams
-from rollout.rollout_types import GroupRequest
+from rollout.actors.messages import GroupRequest
+from rollout.actors.worker import RolloutWorker
 from rollout.weight_sync import TornWeightsError, manifest_for, send_weights
-from rollout.worker import RolloutWorker
 from tests.conftest import random_prompts, tiny_model
 
 
@@ -113,7 +113,7 @@ def test_a_receive_that_fails_before_the_transfer_releases_the_trainer(worker, m
     import threading
     import time
 
-    from rollout import worker as worker_module
+    from rollout.actors import worker as worker_module
     from rollout.weight_sync import WeightGroup, free_port
 
     port, trainer_side = free_port(), {}

@@ -1,6 +1,6 @@
 """RolloutWorker: one engine, driven by its own thread, fed and drained through small calls.
 
-A plain class (tests use it directly); `rollout.pool` makes it a Ray actor at spawn time. Calls
+A plain class (tests use it directly); `rollout.actors.pool` makes it a Ray actor at spawn time. Calls
 from other threads (Ray runs actor methods in a thread pool) never touch the engine: they queue
 work or commands that the loop thread applies between steps, so weight updates land at a step
 boundary and every request sees a consistent engine.
@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
+from rollout.actors.messages import FinishedSample, GroupRequest
+from rollout.actors.metrics import WorkerMetrics
 from rollout.engine.config import EngineConfig
 from rollout.engine.llm_engine import LLMEngine
 from rollout.engine.sampling_params import SamplingParams
 from rollout.engine.sequence import Completion
-from rollout.metrics import WorkerMetrics
-from rollout.rollout_types import FinishedSample, GroupRequest
 from rollout.weight_sync import (
     TornWeightsError,
     WeightGroup,

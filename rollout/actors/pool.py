@@ -16,17 +16,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollout.actors.messages import CompletedGroup, FinishedSample, GroupRequest
+from rollout.actors.worker import RolloutWorker
 from rollout.engine.config import EngineConfig
 from rollout.engine.model_loader import TORCH_DTYPES
 from rollout.engine.sampling_params import SamplingParams
-from rollout.rollout_types import CompletedGroup, FinishedSample, GroupRequest
 from rollout.weight_sync import (
     DEFAULT_BUCKET_BYTES,
     ActorsLostDuringSync,
     ActorWeightSync,
     manifest_for,
 )
-from rollout.worker import RolloutWorker
 
 
 @dataclass
@@ -145,7 +145,7 @@ class RolloutPool:
         self._on_live_actors("resume")
 
     def stats(self) -> dict[int, dict[str, float]]:
-        """Per live actor metrics (see rollout.metrics.WorkerMetrics)."""
+        """Per live actor metrics (see rollout.actors.metrics.WorkerMetrics)."""
         return self._on_live_actors("stats")
 
     def kill_actor(self, actor: int) -> None:

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 from rollout.engine.device_timing import DeviceTiming
 
 if TYPE_CHECKING:
+    from rollout.actors.messages import FinishedSample
     from rollout.engine.llm_engine import LLMEngine
-    from rollout.rollout_types import FinishedSample
 
 
 class WorkerMetrics:
