@@ -19,11 +19,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollout.engine.block_manager import BlockManager  # noqa: E402
 from rollout.engine.sampling_params import SamplingParams  # noqa: E402
-from rollout.engine.scheduler import Scheduler  # noqa: E402
-from rollout.engine.sequence import Sequence  # noqa: E402
-from rollout.engine.step_inputs import build_step_inputs  # noqa: E402
+from rollout.engine.scheduling.block_manager import BlockManager  # noqa: E402
+from rollout.engine.scheduling.scheduler import Scheduler  # noqa: E402
+from rollout.engine.scheduling.sequence import Sequence  # noqa: E402
+from rollout.engine.scheduling.step_inputs import build_step_inputs  # noqa: E402
 
 
 def measure(num_seqs: int, prompt_len: int, new_tokens: int, steps: int, block_size: int = 16):

@@ -40,7 +40,7 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
         roofline_tokens_per_s,
         weight_bytes_per_step,
     )
-    from rollout.engine.device_timing import DeviceTiming
+    from rollout.engine.execution.device_timing import DeviceTiming
 
     settings = dict(
         device=workload.device,

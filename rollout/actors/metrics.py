@@ -6,7 +6,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from rollout.engine.device_timing import DeviceTiming
+from rollout.engine.execution.device_timing import DeviceTiming
 
 if TYPE_CHECKING:
     from rollout.actors.messages import FinishedSample

@@ -19,7 +19,7 @@ from typing import Any
 from rollout.actors.messages import CompletedGroup, FinishedSample, GroupRequest
 from rollout.actors.worker import RolloutWorker
 from rollout.engine.config import EngineConfig
-from rollout.engine.model_loader import TORCH_DTYPES
+from rollout.engine.model.loader import TORCH_DTYPES
 from rollout.engine.sampling_params import SamplingParams
 from rollout.weight_sync import (
     DEFAULT_BUCKET_BYTES,

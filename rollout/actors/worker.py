@@ -23,7 +23,7 @@ from rollout.actors.metrics import WorkerMetrics
 from rollout.engine.config import EngineConfig
 from rollout.engine.llm_engine import LLMEngine
 from rollout.engine.sampling_params import SamplingParams
-from rollout.engine.sequence import Completion
+from rollout.engine.scheduling.sequence import Completion
 from rollout.weight_sync import (
     TornWeightsError,
     WeightGroup,

@@ -9,15 +9,15 @@ from collections.abc import Sequence as SequenceABC
 
 import torch
 
-from rollout.engine.block_manager import BlockManager
 from rollout.engine.config import EngineConfig
-from rollout.engine.kv_cache import KVCacheShape, decide_num_blocks
-from rollout.engine.model_loader import load_model, load_tokenizer, resolve_device, resolve_dtype
-from rollout.engine.request_checks import check_prompt
-from rollout.engine.runner import ModelRunner
+from rollout.engine.execution.kv_cache import KVCacheShape, decide_num_blocks
+from rollout.engine.execution.model_runner import ModelRunner
+from rollout.engine.model.loader import load_model, load_tokenizer, resolve_device, resolve_dtype
 from rollout.engine.sampling_params import SamplingParams
-from rollout.engine.scheduler import Scheduler
-from rollout.engine.sequence import Completion, Sequence
+from rollout.engine.scheduling.block_manager import BlockManager
+from rollout.engine.scheduling.request_checks import check_prompt
+from rollout.engine.scheduling.scheduler import Scheduler
+from rollout.engine.scheduling.sequence import Completion, Sequence
 from rollout.engine.step_loop import OverlapLoop, SyncLoop
 
 Prompt = str | list[int]

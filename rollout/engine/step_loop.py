@@ -10,11 +10,11 @@
 
 from __future__ import annotations
 
-from rollout.engine.runner import ModelRunner, StepHandle
-from rollout.engine.scheduler import Scheduler
-from rollout.engine.sequence import Sequence
-from rollout.engine.step_inputs import build_step_inputs
-from rollout.engine.step_plan import StepPlan
+from rollout.engine.execution.model_runner import ModelRunner, StepHandle
+from rollout.engine.scheduling.scheduler import Scheduler
+from rollout.engine.scheduling.sequence import Sequence
+from rollout.engine.scheduling.step_inputs import build_step_inputs
+from rollout.engine.scheduling.step_plan import StepPlan
 
 
 class _Loop:

@@ -1,5 +1,30 @@
-"""Paged-attention kernels: Triton kernels for CUDA and their PyTorch reference twins."""
+"""Paged-attention kernels: Triton kernels for CUDA and their PyTorch reference twins.
 
-from rollout.kernels.registry import AttentionBackend, resolve_attention_backend
+registry.py                 attention backends by name ("torch", "triton") behind one interface
+attention_metadata.py       what a step's attention reads besides q/k/v
+torch_paged_attention.py    the PyTorch reference twin (CPU path, test oracle)
+triton_paged_attention.py   KV write and prefill/extend; the Triton backend's surface (CUDA)
+triton_decode_attention.py  split-KV decode, merged in the same launch
+triton_attention_tiles.py   per K/V tile: the paged read and the online-softmax fold
+triton_sampler.py           one-pass sampling for rows without top-k/top-p/min-p
+triton_linear.py            decode_linear: a GEMM for decode's few rows
+tiling.py                   launch settings the host code shares (no torch)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rollout.kernels.registry import AttentionBackend, resolve_attention_backend
 
 __all__ = ["AttentionBackend", "resolve_attention_backend"]
+
+
+def __getattr__(name: str) -> Any:
+    # Loaded on first use: rollout.kernels.tiling is read by the torch-free scheduling part.
+    if name in __all__:
+        from rollout.kernels import registry
+
+        return getattr(registry, name)
+    raise AttributeError(f"module 'rollout.kernels' has no attribute {name!r}")

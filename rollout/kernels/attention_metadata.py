@@ -1,6 +1,6 @@
 """What one step's attention reads besides q/k/v: the paged layout of every sequence in the batch.
 
-The engine fills it per step (`rollout.engine.forward_context`); the backends and kernels read it.
+The engine fills it per step (`rollout.engine.model.forward_context`); the backends and kernels read it.
 It lives beside the kernels so that they depend on nothing in the engine.
 """
 

@@ -3,8 +3,15 @@ folding it into the running (online) softmax."""
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+
+def dot_precision(query: torch.Tensor) -> str:
+    """Precision of tl.dot: fp32 models (tests, exactness) get full-precision dots; bf16/fp16
+    inputs ignore the setting."""
+    return "ieee" if query.dtype == torch.float32 else "tf32"
 
 
 @triton.jit

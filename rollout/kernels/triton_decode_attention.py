@@ -15,8 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rollout.kernels.tiling import dot_precision
-from rollout.kernels.triton_attention_tiles import fold_tile, load_kv_tile
+from rollout.kernels.triton_attention_tiles import dot_precision, fold_tile, load_kv_tile
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from rollout.kernels.tiling import EXTEND_BLOCK_M, dot_precision
-from rollout.kernels.triton_attention_tiles import fold_tile, load_kv_tile
+from rollout.kernels.tiling import EXTEND_BLOCK_M
+from rollout.kernels.triton_attention_tiles import dot_precision, fold_tile, load_kv_tile
 from rollout.kernels.triton_decode_attention import (  # noqa: F401 - the backend's surface
     DECODE_TILES,
     DecodeTiles,

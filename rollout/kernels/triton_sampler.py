@@ -1,6 +1,6 @@
 """One-pass sampling in Triton for rows without top-k/top-p/min-p (the common RL case).
 
-Twin of `Sampler` in rollout/engine/sampler.py (same hash, same Gumbel noise, same logprob
+Twin of `Sampler` in rollout/engine/execution/sampler.py (same hash, same Gumbel noise, same logprob
 definition): the vocabulary is streamed once, keeping an online log-sum-exp of logits / T and the
 argmax of logits / T + noise (raw logits for greedy rows), reading the logits where the model
 wrote them. The torch twin materialises a dozen [rows, vocab] temporaries; at 256 rows x 152K

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rollout.engine.model_loader import TORCH_DTYPES
+from rollout.engine.model.loader import TORCH_DTYPES
 
 DEFAULT_BUCKET_BYTES = 1 << 30
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rollout.engine.fused_projections import fuse_projections, route_decode_linears
+from rollout.engine.model.fused_projections import fuse_projections, route_decode_linears
 from tests.conftest import tiny_model
 
 pytestmark = pytest.mark.gpu

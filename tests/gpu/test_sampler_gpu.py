@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from rollout.engine.sampler import Sampler, SamplingTensors, row_keys
+from rollout.engine.execution.sampler import Sampler, SamplingTensors
+from rollout.engine.scheduling.sample_keys import row_keys
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from rollout.engine.block_manager import BlockManager
+from rollout.engine.scheduling.block_manager import BlockManager
 
 
 def assert_consistent(bm: BlockManager, tables: list[list[int]]) -> None:

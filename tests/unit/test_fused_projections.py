@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from rollout.engine.fused_projections import fuse_projections
+from rollout.engine.model.fused_projections import fuse_projections
 from tests.conftest import tiny_model
 
 

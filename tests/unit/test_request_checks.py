@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rollout.engine.request_checks import check_prompt
 from rollout.engine.sampling_params import SamplingParams
+from rollout.engine.scheduling.request_checks import check_prompt
 
 LIMITS = dict(vocab_size=100, max_model_len=64, max_num_seqs=8, cache_tokens=256)
 

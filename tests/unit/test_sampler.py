@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from rollout.engine.sampler import Sampler, SamplingTensors, _mix32, row_keys
+from rollout.engine.execution.sampler import Sampler, SamplingTensors, _mix32
+from rollout.engine.scheduling.sample_keys import row_keys
 
 CPU = torch.device("cpu")
 

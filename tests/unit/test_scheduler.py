@@ -14,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollout.engine.block_manager import BlockManager
 from rollout.engine.sampling_params import SamplingParams
-from rollout.engine.scheduler import Scheduler, count_table_references
-from rollout.engine.sequence import PLACEHOLDER, Completion, Sequence, Status
-from rollout.engine.step_inputs import build_step_inputs
-from rollout.engine.step_plan import ScheduledChunk, StepPlan
+from rollout.engine.scheduling.block_manager import BlockManager
+from rollout.engine.scheduling.scheduler import Scheduler, count_table_references
+from rollout.engine.scheduling.sequence import PLACEHOLDER, Completion, Sequence, Status
+from rollout.engine.scheduling.step_inputs import build_step_inputs
+from rollout.engine.scheduling.step_plan import ScheduledChunk, StepPlan
 
 EOS = 0
 VOCAB = 8

@@ -1,14 +1,14 @@
 """What one step runs: the scheduler's decision, read by the input builder and the step loops.
 
 Plain data, no torch. Token ids may be PLACEHOLDERs that the device fills from the previous
-step's sampler output (see rollout.engine.scheduler).
+step's sampler output (see rollout.engine.scheduling.scheduler).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rollout.engine.sequence import Sequence
+from rollout.engine.scheduling.sequence import Sequence
 
 
 @dataclass

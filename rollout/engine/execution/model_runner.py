@@ -12,10 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rollout.engine.attention import register_paged_attention
-from rollout.engine.compilation import compile_decoder_layers
 from rollout.engine.config import EngineConfig
-from rollout.engine.cuda_graph import (
+from rollout.engine.execution.cuda_graph import (
     SAMPLER_FILTERED,
     SAMPLER_PLAIN,
     DecodeGraphs,
@@ -23,14 +21,16 @@ from rollout.engine.cuda_graph import (
     graph_eligible,
     pad_decode_inputs,
 )
-from rollout.engine.device_timing import DeviceTiming
-from rollout.engine.forward_context import ForwardContext, forward_context
-from rollout.engine.fused_projections import fuse_projections, route_decode_linears
-from rollout.engine.kv_cache import KVCacheShape, allocate_kv_caches
-from rollout.engine.sampler import Sampler, SamplingTensors
-from rollout.engine.step_inputs import StepInputs
-from rollout.engine.step_slot import StepSlot
-from rollout.engine.streams import StepStreams
+from rollout.engine.execution.device_timing import DeviceTiming
+from rollout.engine.execution.kv_cache import KVCacheShape, allocate_kv_caches
+from rollout.engine.execution.sampler import Sampler, SamplingTensors
+from rollout.engine.execution.step_slot import StepSlot
+from rollout.engine.execution.streams import StepStreams
+from rollout.engine.model.attention import register_paged_attention
+from rollout.engine.model.compilation import compile_decoder_layers
+from rollout.engine.model.forward_context import ForwardContext, forward_context
+from rollout.engine.model.fused_projections import fuse_projections, route_decode_linears
+from rollout.engine.scheduling.step_inputs import StepInputs
 from rollout.kernels import resolve_attention_backend
 from rollout.kernels.attention_metadata import AttentionMetadata
 

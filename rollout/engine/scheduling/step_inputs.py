@@ -7,9 +7,9 @@ from itertools import chain
 
 import numpy as np
 
-from rollout.engine.sampler import row_keys
-from rollout.engine.sequence import PLACEHOLDER
-from rollout.engine.step_plan import StepPlan
+from rollout.engine.scheduling.sample_keys import row_keys
+from rollout.engine.scheduling.sequence import PLACEHOLDER
+from rollout.engine.scheduling.step_plan import StepPlan
 from rollout.kernels.tiling import EXTEND_BLOCK_M
 
 

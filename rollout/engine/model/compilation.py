@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from rollout.engine.model_loader import decoder_layers
+from rollout.engine.model.loader import decoder_layers
 
 
 def compile_decoder_layers(model: torch.nn.Module) -> int:

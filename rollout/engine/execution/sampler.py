@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-_M32 = 0xFFFFFFFF
+from rollout.engine.scheduling.sample_keys import MASK32 as _M32
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -34,28 +33,6 @@ def _mix32_(x: torch.Tensor) -> torch.Tensor:
     x.mul_(0x5BD1E995).bitwise_and_(_M32)
     x ^= x >> 16
     return x
-
-
-def _mix32_host(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.uint64) & np.uint64(_M32)
-    x ^= x >> np.uint64(16)
-    x = (x * np.uint64(0x7FEB352D)) & np.uint64(_M32)
-    x ^= x >> np.uint64(15)
-    x = (x * np.uint64(0x5BD1E995)) & np.uint64(_M32)
-    return x ^ (x >> np.uint64(16))
-
-
-def row_keys(
-    seeds: np.ndarray, sample_indices: np.ndarray, output_positions: np.ndarray
-) -> np.ndarray:
-    """One 32-bit key per sampled token from (seed, sample index, output position), as int64."""
-    seeds = seeds.astype(np.uint64)
-    # Chained, not symmetric: the low and high halves of a seed cannot trade places.
-    key = _mix32_host(seeds & np.uint64(_M32))
-    key = _mix32_host(((key + np.uint64(0x632BE5AB)) & np.uint64(_M32)) ^ (seeds >> np.uint64(32)))
-    key = _mix32_host(key ^ _mix32_host(sample_indices.astype(np.uint64) + np.uint64(0x9E37)))
-    key = _mix32_host(key ^ _mix32_host(output_positions.astype(np.uint64) + np.uint64(0x85EB)))
-    return key.astype(np.int64)
 
 
 @dataclass

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rollout.engine.step_inputs import StepInputs
-from rollout.engine.streams import StepStreams
+from rollout.engine.execution.streams import StepStreams
+from rollout.engine.scheduling.step_inputs import StepInputs
 
 # name -> (dtype, which maximum bounds the buffer's element count), for every StepInputs array that
 # goes to the device. Buffers are flat: a step's array is the contiguous prefix, viewed in its shape

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rollout.engine.block_manager import BlockManager
-from rollout.engine.sequence import PLACEHOLDER, Sequence, Status
-from rollout.engine.step_plan import SampleRow, ScheduledChunk, StepPlan
+from rollout.engine.scheduling.block_manager import BlockManager
+from rollout.engine.scheduling.sequence import PLACEHOLDER, Sequence, Status
+from rollout.engine.scheduling.step_plan import SampleRow, ScheduledChunk, StepPlan
 
 
 @dataclass

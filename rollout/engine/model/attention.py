@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch._dynamo
 
-from rollout.engine.forward_context import get_forward_context
+from rollout.engine.model.forward_context import get_forward_context
 
 ATTENTION_NAME = "rollout_paged"
 

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from rollout.engine.model_loader import decoder_layers
+from rollout.engine.model.loader import decoder_layers
 
 # transformers classes whose forward is: q/k/v projections -> [q_norm/k_norm] -> rotary ->
 # attention interface -> o_proj (the Qwen3 family adds the per-head norms).

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from rollout.engine.step_inputs import StepInputs
+from rollout.engine.scheduling.step_inputs import StepInputs
 
 SAMPLER_PLAIN, SAMPLER_FILTERED = "plain", "filtered"
 

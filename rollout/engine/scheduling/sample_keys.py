@@ -1,0 +1,36 @@
+"""The key of each sampled token: a hash of (request seed, sample index, output position).
+
+The sampler hashes this key with each vocabulary index into its noise
+(`rollout.engine.execution.sampler`), so a token depends only on its own request. The key is
+built on the host with the step's other inputs; the device only mixes it further with the same
+32-bit hash.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MASK32 = 0xFFFFFFFF
+
+
+def mix32_host(x: np.ndarray) -> np.ndarray:
+    """The sampler's 32-bit integer hash, on host arrays (values taken modulo 2^32)."""
+    x = x.astype(np.uint64) & np.uint64(MASK32)
+    x ^= x >> np.uint64(16)
+    x = (x * np.uint64(0x7FEB352D)) & np.uint64(MASK32)
+    x ^= x >> np.uint64(15)
+    x = (x * np.uint64(0x5BD1E995)) & np.uint64(MASK32)
+    return x ^ (x >> np.uint64(16))
+
+
+def row_keys(
+    seeds: np.ndarray, sample_indices: np.ndarray, output_positions: np.ndarray
+) -> np.ndarray:
+    """One 32-bit key per sampled token from (seed, sample index, output position), as int64."""
+    seeds = seeds.astype(np.uint64)
+    # Chained, not symmetric: the low and high halves of a seed cannot trade places.
+    key = mix32_host(seeds & np.uint64(MASK32))
+    key = mix32_host(((key + np.uint64(0x632BE5AB)) & np.uint64(MASK32)) ^ (seeds >> np.uint64(32)))
+    key = mix32_host(key ^ mix32_host(sample_indices.astype(np.uint64) + np.uint64(0x9E37)))
+    key = mix32_host(key ^ mix32_host(output_positions.astype(np.uint64) + np.uint64(0x85EB)))
+    return key.astype(np.int64)
