@@ -48,7 +48,7 @@ class EngineConfig:
     triton_linear: bool = True
     """On CUDA (bf16/fp16), run the output, down and LM-head projections with our Triton GEMM
     when a step has at most 64 rows (decode); cuBLAS otherwise. Measured faster than cuBLAS for
-    those shapes by scripts/bench_gemm.py; set False to compare."""
+    those shapes by benchmarks/bench_gemm.py; set False to compare."""
     attention: str = "auto"
     """Paged attention backend: "triton" on CUDA, "torch" (the reference twin) elsewhere."""
     seed: int = 0

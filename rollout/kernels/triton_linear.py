@@ -2,7 +2,7 @@
 
 At decode a projection multiplies one row per running sequence by a large weight, so its time is
 the weight read. cuBLAS picks split-K kernels plus a reduction launch for the narrower outputs;
-`scripts/bench_gemm.py` (H200, 32 rows, Llama-3-8B shapes, inside a CUDA graph) measured this
+`benchmarks/bench_gemm.py` (H200, 32 rows, Llama-3-8B shapes, inside a CUDA graph) measured this
 kernel against it: o_proj 12.8 vs 14.4 us, down_proj 34.0 vs 36.3 us, LM head 256 vs 271 us,
 while q/k/v and gate/up were a little faster in cuBLAS. The engine therefore routes only the
 output, down and LM-head projections here (`fused_projections.py`).

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.lib.workloads import TINY, write_model_config
 from rollout import EngineConfig, LLMEngine, SamplingParams
-from rollout.benchmark.workloads import TINY, write_model_config
 
 
 def test_dummy_weights_from_config_only(tmp_path) -> None:

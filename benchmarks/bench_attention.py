@@ -1,8 +1,8 @@
 """Decode attention kernel alone: effective bandwidth of the Triton split-KV kernel on the GPU.
 
-    python scripts/bench_attention.py                   # 64 sequences x 4096 context, Llama-3-8B heads
-    python scripts/bench_attention.py --seqs 32 --context 8192
-    python scripts/bench_attention.py --seqs 32 --context 1300 --max-context 2320 --sweep
+    python benchmarks/bench_attention.py                   # 64 sequences x 4096 context, Llama-3-8B heads
+    python benchmarks/bench_attention.py --seqs 32 --context 8192
+    python benchmarks/bench_attention.py --seqs 32 --context 1300 --max-context 2320 --sweep
                                                         # w1's mean context; try the tile choices
 
 Effective bandwidth = bytes of K and V read (each once) / kernel time (median of do_bench), next

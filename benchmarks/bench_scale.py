@@ -1,9 +1,9 @@
 """Scale-out benchmark: rollout throughput through the RolloutPool at 1, 2, 4 ... Ray actors, and
 the time to sync a model's weights from a trainer process to all of them.
 
-    python scripts/bench_scale.py --workload w1 --actors 1,2 --json-out out/scale.json   # GPUs
-    python scripts/bench_scale.py --smoke                                                # CPU
-    python scripts/bench_scale.py --workload w1 --actors 1 --no-throughput \
+    python benchmarks/bench_scale.py --workload w1 --actors 1,2 --json-out out/scale.json   # GPUs
+    python benchmarks/bench_scale.py --smoke                                                # CPU
+    python benchmarks/bench_scale.py --workload w1 --actors 1 --no-throughput \
         --sync-backend cuda_ipc,gloo                     # one GPU: trainer and actor share it
 
 Each actor owns one GPU (CPU: one CPU actor each) and gets the workload's whole request mix, so
@@ -78,7 +78,7 @@ def run_weight_sync(pool, workload, repeats: int, device: str, backends: list[st
     """One timing per backend, each with its own process group, all in this one run."""
     import torch
 
-    from rollout.benchmark.workloads import build_model
+    from benchmarks.lib.workloads import build_model
 
     model = build_model(workload.model, workload.dtype, device)  # the "trainer's" copy
     named = list(model.named_parameters())
@@ -139,10 +139,10 @@ def main(argv: list[str] | None = None) -> None:
     import ray
     import torch
 
+    from benchmarks.lib.report import commit_id
+    from benchmarks.lib.workloads import WORKLOADS, write_model_config
     from rollout import EngineConfig
     from rollout.actors.pool import RolloutPool
-    from rollout.benchmark.report import commit_id
-    from rollout.benchmark.workloads import WORKLOADS, write_model_config
     from trainers.placement import ray_sees
 
     name = "smoke" if args.smoke else args.workload

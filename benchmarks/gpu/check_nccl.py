@@ -1,6 +1,6 @@
 """Diagnose the trainer -> actor NCCL weight sync on a machine with two or more GPUs.
 
-    NCCL_DEBUG=WARN python scripts/check_nccl.py [--gib 1] [--timeout-s 90]
+    NCCL_DEBUG=WARN python benchmarks/gpu/check_nccl.py [--gib 1] [--timeout-s 90]
 
 Runs a broadcast through our `WeightGroup` between two processes in each GPU-visibility layout
 the job can produce, then checks that a Ray actor started with `ray_sees([1])` lands on GPU 1:
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 LAYOUTS = {
     "all-visible": (("0,1", 0), ("0,1", 1)),

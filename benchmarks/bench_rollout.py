@@ -1,8 +1,8 @@
 """Rollout throughput benchmark: the engine's sync and overlap loops (and transformers) on one model.
 
-    python scripts/bench_rollout.py --smoke                          # tiny model on CPU, seconds
-    python scripts/bench_rollout.py --workload w1 --compare-transformers --json-out out/w1.json
-    python scripts/bench_rollout.py --workload w3 --modes overlap
+    python benchmarks/bench_rollout.py --smoke                          # tiny model on CPU, seconds
+    python benchmarks/bench_rollout.py --workload w1 --compare-transformers --json-out out/w1.json
+    python benchmarks/bench_rollout.py --workload w3 --modes overlap
 
 Workloads (random-init weights built on the device, EOS ignored, exactly N new tokens each):
   w1     Llama-3-8B shape, 32 x (256 prompt + 2048 new)
@@ -34,12 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
     import torch
 
-    from rollout import EngineConfig, LLMEngine, SamplingParams
-    from rollout.benchmark.roofline import (
+    from benchmarks.lib.roofline import (
         kv_bytes_per_token,
         roofline_tokens_per_s,
         weight_bytes_per_step,
     )
+    from rollout import EngineConfig, LLMEngine, SamplingParams
     from rollout.engine.execution.device_timing import DeviceTiming
 
     settings = dict(
@@ -127,7 +127,7 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
         "step_ms": step_ms,
     }
     if args.profile_steps and cuda:
-        from rollout.benchmark.kernel_profile import profile_decode
+        from benchmarks.lib.kernel_profile import profile_decode
 
         result["profile"] = profile_decode(engine, prompts, args.profile_steps)
     del engine
@@ -138,7 +138,7 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from rollout.benchmark.report import plot_runs, print_run, print_table
+    from benchmarks.lib.report import plot_runs, print_run, print_table
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from rollout.benchmark.workloads import WORKLOADS, build_model
+    from benchmarks.lib.workloads import WORKLOADS, build_model
 
     name = "smoke" if args.smoke else args.workload
     if name not in WORKLOADS:
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
         print_run(runs[-1])
         _write_report(args, name, workload, runs)
     if args.compare_transformers:
-        from rollout.benchmark.transformers_baseline import run_transformers_cb
+        from benchmarks.lib.transformers_baseline import run_transformers_cb
 
         # A fresh model with the same weights: the engine switched the first one's attention and
         # compiled its layers in place, which would slow transformers' own path down.
@@ -249,7 +249,7 @@ def _write_report(args, name: str, workload, runs: list[dict]) -> dict:
     """The report so far; written to --json-out after every run (a time-out keeps what finished)."""
     import torch
 
-    from rollout.benchmark.report import commit_id
+    from benchmarks.lib.report import commit_id
 
     report = {
         "workload": name,

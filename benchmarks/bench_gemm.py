@@ -1,7 +1,7 @@
 """Decode-time GEMMs alone: cuBLAS (torch.matmul) against our Triton decode_linear kernel.
 
-    python scripts/bench_gemm.py                 # w1's projections (Llama-3-8B shape) at M = 32
-    python scripts/bench_gemm.py --m 64 --sweep  # also try every tile choice of the Triton kernel
+    python benchmarks/bench_gemm.py                 # w1's projections (Llama-3-8B shape) at M = 32
+    python benchmarks/bench_gemm.py --m 64 --sweep  # also try every tile choice of the Triton kernel
 
 At decode, every projection multiplies a few rows (M = running sequences) by a large weight, so
 its time is the weight read: effective bandwidth = weight bytes / kernel time. Each timing replays

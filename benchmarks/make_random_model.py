@@ -1,6 +1,6 @@
 """Write a model folder with random weights of a known shape and a given tokenizer.
 
-    python scripts/make_random_model.py --shape qwen2.5-1.5b --tokenizer TOKENIZER_DIR --out DIR
+    python benchmarks/make_random_model.py --shape qwen2.5-1.5b --tokenizer TOKENIZER_DIR --out DIR
 
 For drills and timing runs of the GRPO job where no checkpoint can be fetched (the GPU machine has
 no network): every shape, memory figure and step time is real; rewards are not (the model is
@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv: list[str] | None = None) -> None:
-    from rollout.benchmark.workloads import SHAPES
+    from benchmarks.lib.workloads import SHAPES
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shape", required=True, choices=sorted(SHAPES))
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rollout.benchmark.workloads import model_config
+    from benchmarks.lib.workloads import model_config
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     config = model_config(SHAPES[args.shape])

@@ -3,10 +3,10 @@
 # device call of under 10 minutes. The job places it: the trainer on GPU 0 and an actor on every
 # other GPU (NCCL sync), or, on a one-GPU machine, the trainer and one actor sharing it (CUDA IPC).
 #
-#   source .devkit/install.sh && ROLLOUT_COMMIT=<sha> bash scripts/gpu_grpo_timing.sh 2>&1 | tee $OUT/grpo.log
+#   source .devkit/install.sh && ROLLOUT_COMMIT=<sha> bash benchmarks/gpu/gpu_grpo_timing.sh 2>&1 | tee $OUT/grpo.log
 #
 # The GPU machine has no checkpoints and no network: the model is the recipe's shape with random
-# weights and the tokenizer carried in .devdata/smollm2-tokenizer (see scripts/make_random_model.py),
+# weights and the tokenizer carried in .devdata/smollm2-tokenizer (see benchmarks/make_random_model.py),
 # and the prompts are the built-in arithmetic task (reasoning-gym is not in the device kit). Every
 # shape, memory figure and time is real; rewards are noise. Random weights rarely sample EOS, so
 # every completion runs to COMPLETION tokens: the recipe's 16K would take minutes per step, hence
@@ -23,7 +23,7 @@
 #     from transformers import AutoTokenizer as T; T.from_pretrained(p()).save_pretrained('.devdata/smollm2-tokenizer')"
 # A CPU dry run of the plumbing:
 #   SHAPE=tiny STEPS=1 COMPLETION=16 PY=.venv/bin/python EXTRA="trainer.dtype=float32 \
-#     trainer.gradient_checkpointing=false rollout.engine.dtype=float32" bash scripts/gpu_grpo_timing.sh
+#     trainer.gradient_checkpointing=false rollout.engine.dtype=float32" bash benchmarks/gpu/gpu_grpo_timing.sh
 set -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled
 OUT=${OUT:-gpu_out}
@@ -35,7 +35,7 @@ RUN=$(mktemp -d /tmp/grpo-timing-XXXX)
 mkdir -p "$OUT"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 
-$PY scripts/make_random_model.py --shape "$SHAPE" --tokenizer .devdata/smollm2-tokenizer \
+$PY benchmarks/make_random_model.py --shape "$SHAPE" --tokenizer .devdata/smollm2-tokenizer \
   --out "$RUN/model" || exit 1
 LAUNCH=()
 if [ "${PROFILE:-0}" = 1 ]; then

@@ -1,7 +1,7 @@
 """Host work of a decode step without a model: schedule, build the step's inputs, process results.
 
-    python scripts/bench_host.py                  # w3's shape: 256 sequences x (256 + 1024)
-    python scripts/bench_host.py --seqs 32
+    python benchmarks/bench_host.py                  # w3's shape: 256 sequences x (256 + 1024)
+    python benchmarks/bench_host.py --seqs 32
 
 The overlap loop hides this work behind the GPU only while it is shorter than the GPU step (w3's
 is ~2.7 ms on an H200), so this is the number to watch when the scheduler or the input building

@@ -1,9 +1,9 @@
 """Trainer-only benchmark: the GRPO job's streaming trainer fed by rollouts that are always ready.
 
-    python scripts/bench_trainer_step.py --config configs/qwen2.5-1.5b-gsm-16k.yaml \\
+    python benchmarks/bench_trainer_step.py --config configs/qwen2.5-1.5b-gsm-16k.yaml \\
         model=/tmp/q15 trainer.max_steps=4 trainer.max_completion_length=4096 \\
         rollout.engine.max_model_len=4352 --json-out out/trainer_step.json
-    python scripts/bench_trainer_step.py --smoke                   # CPU, a tiny random model
+    python benchmarks/bench_trainer_step.py --smoke                   # CPU, a tiny random model
 
 The trainer is built exactly as `scripts/train_grpo.py` builds it (same config, same TRL
 arguments, same attention), but its samples come from a thread that makes full-length random
@@ -146,7 +146,7 @@ def run(config, out: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from rollout.benchmark.report import commit_id
+    from benchmarks.lib.report import commit_id
     from trainers.config import load_config
 
     parser = argparse.ArgumentParser(
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
         args.config, [f"output_dir={tmp / 'run'}", "wandb.mode=disabled", *overrides]
     )
     if config.model == "smollm2":
-        parser.error("give a model folder: model=PATH (scripts/make_random_model.py makes one)")
+        parser.error("give a model folder: model=PATH (benchmarks/make_random_model.py makes one)")
 
     result = run(config, tmp / "run")
     print(f"[trainer-step] {json.dumps(result)}", flush=True)

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The two-GPU checks (nvidia-h200-x2), in parts that each fit one device call (< 10 minutes):
 #
-#   source .devkit/install.sh && ROLLOUT_COMMIT=<sha> bash scripts/gpu_check_x2.sh sync 2>&1 | tee $OUT/x2_sync.log
-#   source .devkit/install.sh && ROLLOUT_COMMIT=<sha> bash scripts/gpu_check_x2.sh scale 2>&1 | tee $OUT/x2_scale.log
+#   source .devkit/install.sh && ROLLOUT_COMMIT=<sha> bash benchmarks/gpu/gpu_check_x2.sh sync 2>&1 | tee $OUT/x2_sync.log
+#   source .devkit/install.sh && ROLLOUT_COMMIT=<sha> bash benchmarks/gpu/gpu_check_x2.sh scale 2>&1 | tee $OUT/x2_scale.log
 #
-# sync  1. scripts/check_nccl.py: a bare NCCL broadcast in each process/GPU layout;
+# sync  1. benchmarks/gpu/check_nccl.py: a bare NCCL broadcast in each process/GPU layout;
 #       2. the two-GPU tests: trainer on GPU 0, an actor on GPU 1 (three GRPO steps, NCCL sync);
 #       3. the 8B-shaped weight sync, trainer GPU 0 -> actor GPU 1 (issue target: <= 1 s).
 # scale 4. rollout throughput through the pool at 1 and 2 actors on w1 (scaling efficiency).
-# Then `bash scripts/gpu_grpo_timing.sh` times the GPU recipe's GRPO steps (a third call).
+# Then `bash benchmarks/gpu/gpu_grpo_timing.sh` times the GPU recipe's GRPO steps (a third call).
 #
 # Nothing runs concurrently. The earlier two-GPU timeouts were an actor that could not join the
 # weight group (fixed at 8416be2), not NCCL; step 1 stays as a quick check of the layouts.
@@ -24,22 +24,22 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 case "$PART" in
 sync)
   echo "== 1. NCCL layouts"
-  NCCL_DEBUG=WARN timeout 120 python3 scripts/check_nccl.py --timeout-s 30 2>&1 | tail -30
+  NCCL_DEBUG=WARN timeout 120 python3 benchmarks/gpu/check_nccl.py --timeout-s 30 2>&1 | tail -30
   echo "== 2. two-GPU tests (trainer on GPU 0, actor on GPU 1)"
   timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rA tests/gpu/test_train_gpu.py 2>&1 |
     grep -E "PASSED|FAILED|SKIPPED|passed|failed|Error|assert" | tail -20
   echo "== 3. 8B weight sync, trainer GPU 0 -> actor GPU 1"
-  timeout 200 python3 scripts/bench_scale.py --workload w1 --actors 1 --no-throughput \
+  timeout 200 python3 benchmarks/bench_scale.py --workload w1 --actors 1 --no-throughput \
     --sync-backend nccl,gloo --sync-repeats 3 --json-out "$OUT/sync_8b_x2.json" 2>&1 |
     grep -E "^\[scale\]|^\||Error"
   ;;
 scale)
   echo "== 4. w1 through the pool at 1 and 2 actors"
-  timeout 540 python3 scripts/bench_scale.py --workload w1 --actors 1,2 --sync-repeats 0 \
+  timeout 540 python3 benchmarks/bench_scale.py --workload w1 --actors 1,2 --sync-repeats 0 \
     --json-out "$OUT/scale_w1_x2.json" 2>&1 | grep -E "^\[scale\]|^\||Error"
   ;;
 *)
-  echo "usage: bash scripts/gpu_check_x2.sh sync|scale" >&2
+  echo "usage: bash benchmarks/gpu/gpu_check_x2.sh sync|scale" >&2
   exit 2
   ;;
 esac

@@ -1,0 +1,1 @@
+"""Benchmarks of the engine, the pool and the trainer, with their library and recorded results."""
