@@ -22,13 +22,15 @@ import argparse
 import datetime
 import gc
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rollout.environment import set_environment_defaults  # noqa: E402
+
+set_environment_defaults()
 
 
 def run_engine(model, workload, overlap: bool, prompts, args) -> dict:

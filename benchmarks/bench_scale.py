@@ -25,15 +25,17 @@ import argparse
 import dataclasses
 import datetime
 import json
-import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rollout.environment import set_environment_defaults  # noqa: E402
+
+set_environment_defaults()
 
 
 def run_throughput(pool, workload, num_actors: int, prompts: list[list[int]]) -> dict:

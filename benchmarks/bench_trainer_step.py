@@ -31,9 +31,12 @@ import threading
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rollout.environment import set_environment_defaults  # noqa: E402
+
+set_environment_defaults()
 
 
 class ReadyRollouts:
@@ -108,9 +111,9 @@ def run(config, out: Path) -> dict:
 
     from trainers import trl_adapter
     from trainers.datasets import load_prompt_dataset
-    from trainers.job import streaming_trl_args, trl_args
     from trainers.rewards import get_reward_functions
     from trainers.rollout_logging import step_time_split
+    from trainers.trainer_builder import streaming_trl_args, trl_args
 
     tokenizer = AutoTokenizer.from_pretrained(config.model)
     vocab = AutoConfig.from_pretrained(config.model).vocab_size

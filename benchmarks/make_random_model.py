@@ -10,12 +10,14 @@ noise). The vocabulary is sized to the tokenizer so every sampled id decodes.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rollout.environment import set_environment_defaults  # noqa: E402
+
+set_environment_defaults()
 
 
 def main(argv: list[str] | None = None) -> None:

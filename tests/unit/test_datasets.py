@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 
-import pytest
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import datasets  # noqa: E402
+import pytest
 
 from trainers.datasets import (  # noqa: E402
     _TEMPLATES,
