@@ -4,7 +4,7 @@
   and weight transfer (`trainers.streaming_rollouts`: the RolloutPool behind them), whose
   samples are TRL's `RolloutSample`s (`rollout_sample`);
 - synchronous fallback: `trl.GRPOTrainer(rollout_func=...)` backed by the same pool, with a weight
-  sync before each generation.
+  sync before each generation (`trainers.sync_rollouts`).
 Three things make AsyncGRPOTrainer run offline and on CPU: its peak-FLOPs probe (CUDA only, feeds
 an MFU metric) is neutralised on CPU; its training attention ("tree_fa3", a Hub kernel) is
 replaced after construction by `trainers.tree_attention`; `token_budget` is always set.
@@ -19,8 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from rollout.engine.sampling_params import SamplingParams
-from trainers.prompts import PromptFormatter
 from trainers.tree_attention import TREE_ATTENTION_NAME, register_tree_attention
 
 TRL_VERSION = "1.16.0"
@@ -87,38 +85,6 @@ def build_async_trainer(
     register_tree_attention()
     trainer.model.set_attn_implementation(TREE_ATTENTION_NAME)
     return trainer
-
-
-def make_rollout_func(
-    pool,
-    formatter: PromptFormatter,
-    sampling: SamplingParams,
-    sync: Callable[[Any], None],
-):
-    """`rollout_func` for trl.GRPOTrainer: prompts arrive repeated num_generations times in a row;
-    each run of equal prompts becomes one group on the pool; one completion per received prompt."""
-
-    def rollout_func(prompts: list, trainer) -> dict[str, list]:
-        sync(trainer)  # the pool generates with the trainer's current weights
-        num_generations = trainer.args.num_generations
-        groups = []
-        for start in range(0, len(prompts), num_generations):
-            prompt = prompts[start]
-            params = dataclasses.replace(sampling, n=num_generations)
-            groups.append(pool.submit(formatter.prompt_ids(prompt), params))
-        done = {}
-        while len(done) < len(groups):
-            group = pool.get(timeout=3600)
-            done[group.group_id] = group
-        out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
-        for group_id in groups:
-            for sample in done[group_id].samples:
-                out["prompt_ids"].append(sample.prompt_token_ids)
-                out["completion_ids"].append(sample.token_ids)
-                out["logprobs"].append(sample.logprobs)
-        return out
-
-    return rollout_func
 
 
 def build_sync_trainer(model_path: str, tokenizer, dataset, reward_funcs, rollout_func, args: dict):

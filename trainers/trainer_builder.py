@@ -1,0 +1,136 @@
+"""The TRL trainer for a job's mode, wired to the rollout pool.
+
+- streaming: `AsyncGRPOTrainer` pulling scored samples from `PoolRolloutWorker` and sending its
+  weights through `PoolWeightTransfer` every `weight_sync_steps`;
+- sync: `GRPOTrainer` whose `rollout_func` asks the pool for each step's groups, after a weight
+  sync whenever the trainer has stepped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollout.engine.sampling_params import SamplingParams
+from trainers.config import JobConfig
+from trainers.parity import ParityProbe
+from trainers.prompts import PromptFormatter
+from trainers.summary import RewardLog
+
+
+@dataclass
+class JobInputs:
+    """What both modes build their trainer from."""
+
+    config: JobConfig
+    out: Path
+    model_path: str
+    tokenizer: Any
+    dataset: Any
+    reward_funcs: list[Callable]
+    formatter: PromptFormatter
+    pool: Any
+    weight_sync_backend: str
+    on_cpu: bool
+
+
+@dataclass
+class BuiltTrainer:
+    trainer: Any
+    transfer: Any
+    """PoolWeightTransfer: its `history` holds every sync's time and logprob parity."""
+    rewards: RewardLog
+
+
+def build_trainer(job: JobInputs) -> BuiltTrainer:
+    from trainers import streaming_rollouts
+
+    t = job.config.trainer
+    probe = ParityProbe(job.pool, job.formatter.prompt_ids(job.dataset[0]["prompt"]))
+    transfer = streaming_rollouts.PoolWeightTransfer(job.pool, probe, job.weight_sync_backend)
+    sampling = SamplingParams(
+        max_tokens=t.max_completion_length, temperature=t.temperature, n=t.num_generations
+    )
+    rewards = RewardLog()
+    if t.mode == "streaming":
+        trainer = _streaming_trainer(job, sampling, transfer, rewards)
+    else:
+        trainer = _sync_trainer(job, sampling, transfer)
+    probe.attach(trainer.model)
+    return BuiltTrainer(trainer, transfer, rewards)
+
+
+def _streaming_trainer(job: JobInputs, sampling: SamplingParams, transfer, rewards: RewardLog):
+    from trainers import streaming_rollouts, trl_adapter
+
+    worker = streaming_rollouts.PoolRolloutWorker(
+        job.pool,
+        job.dataset,
+        job.formatter,
+        job.reward_funcs,
+        sampling,
+        max_inflight_groups=job.config.trainer.prompts_per_step,
+        on_group=rewards.add,
+    )
+    args = trl_args(job.config, job.out, job.on_cpu) | streaming_trl_args(job.config)
+    return trl_adapter.build_async_trainer(
+        job.model_path, job.tokenizer, job.dataset, job.reward_funcs, worker, transfer, args
+    )
+
+
+def _sync_trainer(job: JobInputs, sampling: SamplingParams, transfer):
+    from trainers import sync_rollouts, trl_adapter
+
+    config, t = job.config, job.config.trainer
+    before_generation = sync_rollouts.WeightsBeforeGeneration(transfer)
+    rollout_func = sync_rollouts.make_rollout_func(
+        job.pool, job.formatter, sampling, before_generation
+    )
+    samples = t.prompts_per_step * t.num_generations
+    args = trl_args(config, job.out, job.on_cpu) | dict(
+        per_device_train_batch_size=config.sync_micro_batch,
+        gradient_accumulation_steps=samples // config.sync_micro_batch,
+        model_init_kwargs={"dtype": t.dtype},
+    )
+    return trl_adapter.build_sync_trainer(
+        job.model_path, job.tokenizer, job.dataset, job.reward_funcs, rollout_func, args
+    )
+
+
+def trl_args(config: JobConfig, out: Path, on_cpu: bool) -> dict:
+    """The TRL trainer arguments both modes share (the sync mode then sets its own batching)."""
+    t = config.trainer
+    samples = t.prompts_per_step * t.num_generations  # per optimizer step
+    return dict(
+        output_dir=str(out),
+        max_steps=t.max_steps,
+        learning_rate=t.learning_rate,
+        # Samples per forward x forwards per step = the step's samples. Streaming packs rows
+        # by token_budget instead; TRL reads this product for its own step bookkeeping.
+        per_device_train_batch_size=max(1, samples // config.gradient_accumulation_steps),
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        num_generations=t.num_generations,
+        max_completion_length=t.max_completion_length,
+        temperature=t.temperature,
+        logging_steps=t.logging_steps,
+        report_to=[] if config.wandb.mode == "disabled" else ["wandb"],
+        run_name=out.name,
+        seed=config.seed,
+        save_strategy="no",
+        bf16=t.dtype == "bfloat16",
+        gradient_checkpointing=t.gradient_checkpointing,
+        use_cpu=on_cpu,
+    )
+
+
+def streaming_trl_args(config: JobConfig) -> dict:
+    """What AsyncGRPOConfig takes on top of `trl_args`."""
+    t = config.trainer
+    return dict(
+        max_staleness=t.max_staleness,
+        weight_sync_steps=t.weight_sync_steps,
+        token_budget=config.token_budget,
+        dtype=t.dtype,
+    )
