@@ -4,8 +4,8 @@
     python benchmarks/bench_host.py --seqs 32
 
 The overlap loop hides this work behind the GPU only while it is shorter than the GPU step (w3's
-is ~2.7 ms on an H200), so this is the number to watch when the scheduler or the input building
-changes. Runs anywhere (no torch device work); sampled tokens are random.
+is a few ms on an H200: docs/performance.md), so this is the number to watch when the scheduler or
+the input building changes. Runs anywhere (no torch device work); sampled tokens are random.
 """
 
 from __future__ import annotations

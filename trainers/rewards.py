@@ -40,8 +40,9 @@ def last_number(text: str) -> str | None:
 
     Read from the end, in stretches that double: the answer sits near the end, and every sample
     of every group (16K tokens, ~60K characters, in the GPU recipe) is scored on the trainer's
-    process, where a scan of the whole text costs ~10 ms. Each stretch starts at whitespace, which
-    no number spans, so it holds the same matches a scan from the start finds there.
+    process, where a scan of the whole text is slow (docs/performance.md, 'Reward scoring').
+    Each stretch starts at whitespace, which no number spans, so it holds the same matches a scan
+    from the start finds there.
     """
     end, size = len(text), _TAIL_CHARS
     while end > 0:

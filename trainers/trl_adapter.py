@@ -102,7 +102,7 @@ def build_sync_trainer(model_path: str, tokenizer, dataset, reward_funcs, rollou
 
 def _checkpointing_by_its_name(args: dict) -> dict:
     """transformers renamed `gradient_checkpointing` to `activation_checkpointing` (the old name
-    warns); the GPU machine's 5.17 knows only the old one. Use the name this version has."""
+    warns); 5.17 knows only the old one. Use the name the installed version has."""
     from transformers import TrainingArguments
 
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}

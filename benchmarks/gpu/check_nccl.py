@@ -13,6 +13,7 @@ the job can produce, then checks that a Ray actor started with `ray_sees([1])` l
 
 Each case prints ok with the time per broadcast and GB/s, an error, or "hang" (killed after
 --timeout-s). Nothing here is needed to use the project; it narrows down a sync that fails.
+Needs two GPUs, and ray importable for the placement check.
 """
 
 from __future__ import annotations

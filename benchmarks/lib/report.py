@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def commit_id() -> str:
-    # The GPU machine gets a copy of the working tree, whose .git (if any) may be stale: a commit
+    # A benchmark may run on a copy of the working tree whose .git (if any) is stale: a commit
     # passed in ROLLOUT_COMMIT wins.
     if os.environ.get("ROLLOUT_COMMIT"):
         return os.environ["ROLLOUT_COMMIT"]

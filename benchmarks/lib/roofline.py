@@ -3,12 +3,13 @@
 A decode step reads every weight once (the embedding table only by row) plus the KV cache of every
 running sequence, so its time is at least (weight bytes + KV bytes) / bandwidth. Summing over the
 steps of a workload whose B sequences all run P prompt + N new tokens gives the best possible
-tokens/s. The default bandwidth is the H200 device copy measured here (4.24 TB/s, read + write).
+tokens/s. The default bandwidth is the device-copy bandwidth (read + write) of one NVIDIA H200;
+docs/performance.md, 'The two numbers', has the figure and the rooflines it gives.
 """
 
 from __future__ import annotations
 
-H200_COPY_BANDWIDTH = 4.24e12  # bytes/s
+H200_COPY_BANDWIDTH = 4.24e12  # bytes/s: one H200's device copy, read + write
 
 
 def weight_bytes_per_step(model) -> int:

@@ -1,11 +1,12 @@
 """transformers' own continuous batching on the same model, for `bench_rollout.py --compare-transformers`.
 
-transformers can run its paged cache with a flash-attention varlen kernel, but the flash-attn
-packages cannot be installed on our GPU machine. torch ships a FlashAttention-2 varlen kernel of its
-own (`aten._flash_attention_forward`), so we register it as a transformers attention function that
-follows transformers' varlen path (write the new K/V through the paged cache, read back this
-batch's K/V, no mask). This is the faster of the offline options; `paged|sdpa` is ~3.5x slower.
-Written against the continuous-batching API of transformers 5.17 (the GPU machine's).
+transformers can run its paged cache with a flash-attention varlen kernel, but that needs the
+flash-attn packages, which not every machine can install. torch ships a FlashAttention-2 varlen
+kernel of its own (`aten._flash_attention_forward`), so we register it as a transformers attention
+function that follows transformers' varlen path (write the new K/V through the paged cache, read
+back this batch's K/V, no mask). This is the faster of the options that need no extra package
+(`paged|sdpa` is several times slower; docs/performance.md, 'The transformers baseline').
+Written against the continuous-batching API of transformers 5.17.
 """
 
 from __future__ import annotations

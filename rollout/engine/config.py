@@ -47,8 +47,8 @@ class EngineConfig:
     weight) for the Llama, Mistral and Qwen2/3 families; other models run unchanged."""
     triton_linear: bool = True
     """On CUDA (bf16/fp16), run the output, down and LM-head projections with our Triton GEMM
-    when a step has at most 64 rows (decode); cuBLAS otherwise. Measured faster than cuBLAS for
-    those shapes by benchmarks/bench_gemm.py; set False to compare."""
+    when a step has at most 64 rows (decode); cuBLAS otherwise. Faster than cuBLAS for those
+    shapes at decode's few rows (benchmarks/bench_gemm.py times both); set False to compare."""
     attention: str = "auto"
     """Paged attention backend: "triton" on CUDA, "torch" (the reference twin) elsewhere."""
     seed: int = 0

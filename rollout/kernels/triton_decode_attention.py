@@ -20,9 +20,9 @@ from rollout.kernels.triton_attention_tiles import dot_precision, fold_tile, loa
 
 @dataclass(frozen=True)
 class DecodeTiles:
-    """Launch shape of the decode kernel. The defaults won `bench_attention.py --sweep` on the
-    H200 both at w1's mean context (32 x 1300 tokens: 65 us against 71 us for 256/64/4/2) and at
-    64 x 4096 (3.83 against 3.66 TB/s): fewer, longer splits and wider KV tiles."""
+    """Launch shape of the decode kernel. Fewer, longer splits and wider KV tiles won
+    `bench_attention.py --sweep` both at w1's mean context and at 64 x 4096 (see
+    docs/performance.md, 'Decode attention alone')."""
 
     split_len: int = 512  # tokens of context per decode program
     block_n: int = 128  # tokens per inner iteration

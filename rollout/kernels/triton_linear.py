@@ -1,11 +1,11 @@
 """A GEMM for decode's few rows: y = x @ weight.T (+ bias) when x has at most 64 rows.
 
 At decode a projection multiplies one row per running sequence by a large weight, so its time is
-the weight read. cuBLAS picks split-K kernels plus a reduction launch for the narrower outputs;
-`benchmarks/bench_gemm.py` (H200, 32 rows, Llama-3-8B shapes, inside a CUDA graph) measured this
-kernel against it: o_proj 12.8 vs 14.4 us, down_proj 34.0 vs 36.3 us, LM head 256 vs 271 us,
-while q/k/v and gate/up were a little faster in cuBLAS. The engine therefore routes only the
-output, down and LM-head projections here (`fused_projections.py`).
+the weight read. cuBLAS picks split-K kernels plus a reduction launch for the narrower outputs.
+This kernel is faster than cuBLAS at decode's few rows for the output, down and LM-head
+projections of the Llama-3-8B shapes, while q/k/v and gate/up are a little faster in cuBLAS
+(`benchmarks/bench_gemm.py`; see docs/performance.md, 'Decode GEMMs'). The engine therefore routes
+only those three projections here (`fused_projections.py`).
 
 Each program owns BLOCK_N output columns for every row and walks K with a deep software
 pipeline, so the weight streams once with many loads in flight and no reduction step. It runs as

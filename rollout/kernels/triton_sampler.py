@@ -7,8 +7,8 @@ wrote them. The torch twin materialises a dozen [rows, vocab] temporaries; at 25
 vocabulary that is gigabytes of traffic per step, this is one read.
 
 Each row's vocabulary is split into slices handled by separate programs, then a second small
-kernel merges the slices: with one program per row, 32 rows of a 128K vocabulary kept 32 of the
-H200's 132 SMs busy and took 150 us a step (w1's profile); split, every SM streams.
+kernel merges the slices: with one program per row, a decode batch of a few dozen rows leaves
+most of the GPU's SMs idle; split, every SM streams (docs/performance.md, run 5).
 """
 
 from __future__ import annotations

@@ -67,9 +67,14 @@ def test_bench_scale_smoke_streams_every_token_and_times_the_sync(tmp_path) -> N
 @pytest.mark.slow
 def test_bench_trainer_step_smoke_trains_every_completion_token(tmp_path, monkeypatch) -> None:
     pytest.importorskip("trl")
+    from rollout.builtin_models import smollm2_path
+
     monkeypatch.setenv("ROLLOUT_COMMIT", "abc1234")
     out = tmp_path / "trainer.json"
-    _script("bench_trainer_step").main(["--smoke", "--json-out", str(out)])
+    tokenizer = str(smollm2_path())  # the built-in model's folder holds its tokenizer
+    _script("bench_trainer_step").main(
+        ["--smoke", "--tokenizer", tokenizer, "--json-out", str(out)]
+    )
     report = json.loads(out.read_text())
     assert report["commit"] == "abc1234"
     assert report["steps"] == 2

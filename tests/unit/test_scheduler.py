@@ -723,8 +723,8 @@ def test_property_tight_pool_preempts_and_finishes(overlap, seed, n, num_request
 def test_full_cache_does_not_churn_recomputes(overlap):
     # The `long` benchmark in miniature: equal sequences outgrow the cache together, and a
     # recompute takes several steps' budgets. Admitting a recompute into the full cache gets it
-    # preempted again a few steps later, its prefill wasted, over and over (measured on the H200:
-    # 558 preemptions in 4 minutes, no progress). Each sequence must be preempted at most once.
+    # preempted again a few steps later, its prefill wasted, over and over (the `long` run made no
+    # progress that way: docs/performance.md). Each sequence must be preempted at most once.
     h = harness(num_blocks=900, block_size=4, max_num_seqs=12, max_num_batched_tokens=64,
                 max_model_len=512)  # fmt: skip
     requests = [make_request(f"r{i}", 16, max_tokens=384, ignore_eos=True) for i in range(12)]

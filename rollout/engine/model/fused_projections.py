@@ -1,11 +1,12 @@
 """One GEMM for q/k/v and one for gate/up, with transformers' parameter names kept.
 
 At decode batch sizes (tens of rows) every projection is a skinny GEMM bound by reading its
-weight; cuBLAS runs the small ones as split-K kernels plus a reduction launch each. Profiling w1
-(Llama-3-8B shape, batch 32) showed ~4.6 ms of GEMM work per step against a 3.54 ms weight-read
-floor, with five projection GEMMs per layer before the output and down projections
-(docs/performance.md). Reading q, k and v from one [q+k+v, hidden] weight, and gate and up from
-one [2 x intermediate, hidden] weight, halves those launches and gives cuBLAS wider problems.
+weight; cuBLAS runs the small ones as split-K kernels plus a reduction launch each. A profile of
+w1 (Llama-3-8B shape, batch 32) put the GEMMs well above their weight-read floor, with five
+projection GEMMs per layer before the output and down projections (docs/performance.md, 'Where
+w1's time went before fusion'). Reading q, k and v from one [q+k+v, hidden] weight, and gate and
+up from one [2 x intermediate, hidden] weight, halves those launches and gives cuBLAS wider
+problems.
 
 The names stay: `q_proj.weight` & co. become views into the fused tensor, so weight sync (which
 copies by name, in place) updates the fused weight, and CUDA graphs captured on it stay valid.
