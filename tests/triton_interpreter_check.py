@@ -27,11 +27,45 @@ def _patched(tensor, scope):
 interpreter._patch_lang_tensor = _patched
 
 
-def _reference(case):
+def _reference(case, **variant):
     return twin.paged_attention(
         case["query"], case["k_cache"], case["v_cache"], case["block_tables"],
-        case["query_start_loc_host"], case["seq_lens_host"], case["scale"],
+        case["query_start_loc_host"], case["seq_lens_host"], case["scale"], **variant,
     )  # fmt: skip
+
+
+def _variants(num_heads: int) -> list[dict]:
+    """Sliding windows smaller and larger than a page and a split, softcap, sinks, together."""
+    sinks = torch.randn(num_heads, generator=torch.Generator().manual_seed(3)) * 3
+    return [
+        dict(window=7),
+        dict(window=300),
+        dict(window=700, softcap=5.0),
+        dict(softcap=2.0),
+        dict(sinks=sinks),
+        dict(window=40, softcap=3.0, sinks=sinks),
+    ]
+
+
+def check_variants() -> float:
+    """Decode (several splits: the window's first split is not split 0) and extend."""
+    worst = 0.0
+    decode = make_case([1, 17, 600, 1000, 513], [1] * 5, 2, 4, 64, 16, torch.float32, "cpu")
+    extend = make_case([70, 5, 130, 300], [70, 1, 65, 1], 2, 4, 64, 16, torch.float32, "cpu")
+    for variant in _variants(8):
+        got = kernels.decode_attention(
+            decode["query"], decode["k_cache"], decode["v_cache"], decode["block_tables"],
+            decode["seq_lens"], decode["scale"], 1024,
+            kernels.DecodeTiles(split_len=256, block_n=64), **variant,
+        )  # fmt: skip
+        worst = max(worst, (got - _reference(decode, **variant)).abs().max().item())
+        got = kernels.extend_attention(
+            extend["query"], extend["k_cache"], extend["v_cache"], extend["block_tables"],
+            extend["query_start_loc"], extend["seq_lens"], extend["q_block_seq"],
+            extend["q_block_start"], extend["scale"], **variant,
+        )  # fmt: skip
+        worst = max(worst, (got - _reference(extend, **variant)).abs().max().item())
+    return worst
 
 
 def check_decode() -> float:
@@ -104,6 +138,7 @@ if __name__ == "__main__":
     for name, check in [
         ("decode", check_decode),
         ("extend", check_extend),
+        ("window/softcap/sinks", check_variants),
         ("write_kv", check_write_kv),
         ("decode_linear", check_decode_linear),
     ]:

@@ -4,6 +4,12 @@ Cache layout (one layer): k_cache, v_cache: [num_blocks, block_size, num_kv_head
 A step's tokens are packed: sequence s owns query rows [query_start_loc[s], query_start_loc[s + 1])
 and, after this step's KV write, has seq_lens[s] tokens of context in the blocks block_tables[s].
 Its queries are the last tokens of that context (causal mask aligned bottom-right).
+
+Three per-layer variants, as transformers' own attention computes them:
+- `window`: a sliding window; a query at position p sees positions p - window + 1 .. p.
+- `softcap`: the scaled logits go through softcap * tanh(logits / softcap) before the softmax.
+- `sinks`: one learned logit per query head that joins the softmax's denominator and carries no
+  value (attention may go "nowhere").
 """
 
 from __future__ import annotations
@@ -33,10 +39,15 @@ def paged_attention(
     query_start_loc: list[int],  # num_seqs + 1 host ints
     seq_lens: list[int],  # num_seqs host ints (context length after this step's write)
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,  # [num_heads]
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Gather each sequence's pages and attend in fp32 with an explicit bottom-right causal mask."""
     if len(seq_lens) > 1 and list(query_start_loc) == list(range(len(seq_lens) + 1)):
-        return _decode_batched(query, k_cache, v_cache, block_tables, seq_lens, scale)
+        return _decode_batched(
+            query, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap, sinks
+        )
     num_heads = query.shape[1]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -53,17 +64,35 @@ def paged_attention(
         k = k.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [H, L, D]
         v = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
         q = query[q_start:q_end].float().transpose(0, 1)  # [H, Q, D]
-        scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [H, Q, L]
+        scores = _capped(torch.matmul(q, k.transpose(1, 2)) * scale, softcap)  # [H, Q, L]
         # Query i sits at absolute position seq_len - num_queries + i and sees keys up to it.
         q_pos = torch.arange(seq_len - num_queries, seq_len, device=query.device)
         k_pos = torch.arange(seq_len, device=query.device)
-        scores.masked_fill_(k_pos[None, :] > q_pos[:, None], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
+        hidden = k_pos[None, :] > q_pos[:, None]
+        if window is not None:
+            hidden |= k_pos[None, :] <= q_pos[:, None] - window
+        scores.masked_fill_(hidden, float("-inf"))
+        probs = _softmax(scores, sinks)
         out[q_start:q_end] = torch.matmul(probs, v).transpose(0, 1).to(out.dtype)
     return out
 
 
-def _decode_batched(query, k_cache, v_cache, block_tables, seq_lens: list[int], scale: float):
+def _capped(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    return scores if softcap is None else torch.tanh(scores / softcap) * softcap
+
+
+def _softmax(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last dim, heads on dim -3; with sinks, each head's sink logit joins
+    the denominator."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    sink = sinks.float().view(-1, 1, 1).expand(*scores.shape[:-1], 1)  # [..., H, Q, 1]
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+
+
+def _decode_batched(
+    query, k_cache, v_cache, block_tables, seq_lens: list[int], scale: float, window, softcap, sinks
+):
     """One query per sequence: gather all pages at once and attend with a length mask (the CPU
     decode path; a per-sequence loop costs a few ops per sequence and layer)."""
     num_seqs, num_heads, head_dim = query.shape
@@ -74,10 +103,14 @@ def _decode_batched(query, k_cache, v_cache, block_tables, seq_lens: list[int], 
     k = k_cache[pages].reshape(num_seqs, -1, num_kv_heads, head_dim).float()  # [S, L, Hkv, D]
     v = v_cache[pages].reshape(num_seqs, -1, num_kv_heads, head_dim).float()
     q = query.float().view(num_seqs, num_kv_heads, group, head_dim)
-    scores = torch.einsum("skgd,slkd->skgl", q, k) * scale  # [S, Hkv, G, L]
+    scores = _capped(torch.einsum("skgd,slkd->skgl", q, k) * scale, softcap)  # [S, Hkv, G, L]
     lengths = torch.tensor(seq_lens, device=query.device)
-    beyond = torch.arange(k.shape[1], device=query.device)[None, :] >= lengths[:, None]  # [S, L]
-    scores.masked_fill_(beyond[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    k_pos = torch.arange(k.shape[1], device=query.device)[None, :]
+    hidden = k_pos >= lengths[:, None]  # [S, L]
+    if window is not None:  # the query sits at lengths - 1
+        hidden |= k_pos <= lengths[:, None] - 1 - window
+    scores.masked_fill_(hidden[:, None, None, :], float("-inf"))
+    # Heads [Hkv, G] flattened back to H for the sinks, and the softmax over L.
+    probs = _softmax(scores.view(num_seqs, num_heads, 1, -1), sinks).view(scores.shape)
     out = torch.einsum("skgl,slkd->skgd", probs, v)
     return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)

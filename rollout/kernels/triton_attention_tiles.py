@@ -1,5 +1,5 @@
-"""What the decode and prefill/extend kernels share, per K/V tile: reading it from the paged cache, and
-folding it into the running (online) softmax."""
+"""What the decode and prefill/extend kernels share, per K/V tile: reading it from the paged cache,
+capping its logits, folding it into the running (online) softmax, and the sinks at the end."""
 
 from __future__ import annotations
 
@@ -40,3 +40,22 @@ def fold_tile(qk, v, m, denom, acc, DOT_PRECISION: tl.constexpr):
     denom = denom * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, denom, acc
+
+
+@triton.jit
+def soft_cap(qk, softcap):
+    """softcap * tanh(qk / softcap), with tanh from exp (no libdevice: the CPU interpreter runs
+    this too): tanh(x) = sign(x) (1 - e) / (1 + e), e = exp(-2|x|), which cannot overflow."""
+    x = qk / softcap
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return softcap * tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def add_sinks(m, denom, acc, sink):
+    """Let each row's sink logit `sink` [rows] join the softmax's denominator (it carries no
+    value): the running max, normaliser and output rescaled to the new max."""
+    m_new = tl.maximum(m, sink)
+    alpha = tl.exp(m - m_new)
+    return m_new, denom * alpha + tl.exp(sink - m_new), acc * alpha[:, None]

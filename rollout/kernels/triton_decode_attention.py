@@ -5,6 +5,10 @@ separate programs, all query heads of one KV head together (each K/V byte is rea
 last piece of a (sequence, KV head) to finish merges the pieces by their log-sum-exp, in the
 same launch. The grid depends only on the batch size and the static maximum context, so the
 launch can sit inside a CUDA graph. The PyTorch twin is torch_paged_attention.paged_attention.
+
+With a sliding window the splits start at the window's first split, so a windowed layer runs
+only the programs its window can reach and reads no context outside the window. Softcap and
+sinks are compile-time switches: a layer without them runs the same code as before.
 """
 
 from __future__ import annotations
@@ -15,7 +19,13 @@ import torch
 import triton
 import triton.language as tl
 
-from rollout.kernels.triton_attention_tiles import dot_precision, fold_tile, load_kv_tile
+from rollout.kernels.triton_attention_tiles import (
+    add_sinks,
+    dot_precision,
+    fold_tile,
+    load_kv_tile,
+    soft_cap,
+)
 
 
 @dataclass(frozen=True)
@@ -35,14 +45,15 @@ DECODE_TILES = DecodeTiles()
 
 @triton.jit
 def _decode_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, sinks_ptr,
     part_out_ptr, part_lse_ptr, arrivals_ptr, out_ptr,
-    scale, stride_qt, stride_qh, stride_ot, stride_oh,
+    scale, window, softcap, stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cblock, stride_cslot, stride_chead, stride_bt,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT_LEN: tl.constexpr, NUM_SPLITS: tl.constexpr,
     MERGE_CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):  # fmt: skip
     s = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -59,7 +70,11 @@ def _decode_kernel(
         if split == 0:
             tl.store(out_ptrs, tl.zeros([GROUP_PAD, BLOCK_D], out_ptr.dtype.element_ty), out_mask)
         return
-    start = split * SPLIT_LEN
+    lo = seq_len * 0  # first visible position
+    if HAS_WINDOW:
+        lo = tl.maximum(seq_len - window, 0)
+    first_split = lo // SPLIT_LEN  # programs count their split from the window's first one
+    start = (first_split + split) * SPLIT_LEN
     if start >= seq_len:
         return
     end = tl.minimum(start + SPLIT_LEN, seq_len)
@@ -71,7 +86,7 @@ def _decode_kernel(
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     denom = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
+    for n0 in range(tl.maximum(start, lo), end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs < end
         k, v = load_kv_tile(
@@ -79,10 +94,15 @@ def _decode_kernel(
             kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
         )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [GROUP_PAD, BLOCK_N]
+        if HAS_SOFTCAP:
+            qk = soft_cap(qk, softcap)
         qk = tl.where(n_mask[None, :], qk, float("-inf"))
         m, denom, acc = fold_tile(qk, v, m, denom, acc, DOT_PRECISION)
-    num_active = tl.cdiv(seq_len, SPLIT_LEN)
-    if num_active == 1:  # the whole context fit one split: no partials, no merge
+    num_active = tl.cdiv(seq_len, SPLIT_LEN) - first_split
+    if num_active == 1:  # the whole visible context fit one split: no partials, no merge
+        if HAS_SINKS:
+            sink = tl.load(sinks_ptr + heads, mask=head_mask, other=0.0).to(tl.float32)
+            m, denom, acc = add_sinks(m, denom, acc, sink)
         tl.store(out_ptrs, (acc / denom[:, None]).to(out_ptr.dtype.element_ty), out_mask)
         return
 
@@ -108,6 +128,10 @@ def _decode_kernel(
             base = (s * NUM_HEADS + kv_head * GROUP + gi) * NUM_SPLITS
             m_all = tl.full([1], float("-inf"), tl.float32)
             weight = tl.zeros([1], tl.float32)
+            if HAS_SINKS:  # the sink joins the merge as a part with a weight and no value
+                m_all = tl.load(sinks_ptr + kv_head * GROUP + gi + tl.zeros([1], tl.int32))
+                m_all = m_all.to(tl.float32)
+                weight = tl.full([1], 1.0, tl.float32)
             merged = tl.zeros([BLOCK_D], tl.float32)
             for c0 in range(0, num_active, MERGE_CHUNK):
                 chunk_mask = c0 + c < num_active
@@ -159,13 +183,25 @@ _ARRIVALS = _ArrivalCounters()
 
 
 def decode_attention(
-    query, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len_static, tiles=DECODE_TILES
+    query,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    scale,
+    max_seq_len_static,
+    tiles=DECODE_TILES,
+    window=None,
+    softcap=None,
+    sinks=None,
 ):
     """query [num_seqs, num_heads, head_dim] (one token per sequence) -> same shape."""
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
     num_splits = triton.cdiv(max_seq_len_static, tiles.split_len)
+    if window is not None:  # a window of W positions spans at most cdiv(W, split) + 1 splits
+        num_splits = min(num_splits, triton.cdiv(window, tiles.split_len) + 1)
     part_out = torch.empty(
         num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device
     )
@@ -175,15 +211,18 @@ def decode_attention(
     arrivals = _ARRIVALS.get(query.device, num_seqs * num_kv_heads)
     out = torch.empty_like(query)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        query, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse, arrivals, out,
-        scale, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        query, k_cache, v_cache, block_tables, seq_lens, sinks if sinks is not None else query,
+        part_out, part_lse, arrivals, out,
+        scale, window or 0, softcap or 0.0, query.stride(0), query.stride(1), out.stride(0),
+        out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
         BLOCK_N=tiles.block_n, SPLIT_LEN=tiles.split_len, NUM_SPLITS=num_splits,
         MERGE_CHUNK=min(16, triton.next_power_of_2(num_splits)),
-        DOT_PRECISION=dot_precision(query),
+        DOT_PRECISION=dot_precision(query), HAS_WINDOW=window is not None,
+        HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return out

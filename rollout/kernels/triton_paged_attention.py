@@ -14,7 +14,13 @@ import triton
 import triton.language as tl
 
 from rollout.kernels.tiling import EXTEND_BLOCK_M
-from rollout.kernels.triton_attention_tiles import dot_precision, fold_tile, load_kv_tile
+from rollout.kernels.triton_attention_tiles import (
+    add_sinks,
+    dot_precision,
+    fold_tile,
+    load_kv_tile,
+    soft_cap,
+)
 from rollout.kernels.triton_decode_attention import (  # noqa: F401 - the backend's surface
     DECODE_TILES,
     DecodeTiles,
@@ -58,10 +64,11 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
 @triton.jit
 def _extend_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
-    q_block_seq_ptr, q_block_start_ptr, scale,
+    q_block_seq_ptr, q_block_start_ptr, sinks_ptr, scale, window, softcap,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cblock, stride_cslot, stride_chead, stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):  # fmt: skip
     qb = tl.program_id(0)
     h = tl.program_id(1)
@@ -88,7 +95,10 @@ def _extend_kernel(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for n0 in range(0, kv_end, BLOCK_N):
+    kv_start = prefix * 0
+    if HAS_WINDOW:  # nothing before the window of the block's first row
+        kv_start = tl.maximum(prefix + m0 - window + 1, 0)
+    for n0 in range(kv_start, kv_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_end
         k, v = load_kv_tile(
@@ -96,9 +106,16 @@ def _extend_kernel(
             kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
         )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N]
+        if HAS_SOFTCAP:
+            qk = soft_cap(qk, softcap)
         visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        if HAS_WINDOW:
+            visible &= offs_n[None, :] > q_pos[:, None] - window
         qk = tl.where(visible, qk, float("-inf"))
         m, denom, acc = fold_tile(qk, v, m, denom, acc, DOT_PRECISION)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + h + offs_m * 0).to(tl.float32)  # [BLOCK_M], one head's
+        m, denom, acc = add_sinks(m, denom, acc, sink)
     out = acc / denom[:, None]
     tl.store(
         out_ptr + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + d[None, :],
@@ -117,6 +134,9 @@ def extend_attention(
     q_block_seq,
     q_block_start,
     scale,
+    window=None,
+    softcap=None,
+    sinks=None,
 ):
     """Packed queries of several sequences (any chunk start, decode rows too) -> same shape."""
     num_tokens, num_heads, head_dim = query.shape
@@ -125,12 +145,13 @@ def extend_attention(
         return out
     _extend_kernel[(q_block_seq.shape[0], num_heads)](
         query, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens,
-        q_block_seq, q_block_start, scale,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        q_block_seq, q_block_start, sinks if sinks is not None else query, scale, window or 0,
+        softcap or 0.0, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=num_heads // k_cache.shape[2], HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
         BLOCK_M=EXTEND_BLOCK_M, BLOCK_N=EXTEND_BLOCK_N, DOT_PRECISION=dot_precision(query),
+        HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
         num_warps=4, num_stages=2,
     )  # fmt: skip
     return out

@@ -10,18 +10,29 @@ import torch
 from rollout.kernels.torch_paged_attention import paged_attention, write_kv
 
 
-def dense_attention(q, k, v, scale):
+def dense_attention(q, k, v, scale, window=None, softcap=None, sinks=None):
     """q [Q, H, D] = the last Q positions of a context k, v [L, Hkv, D]; plain softmax attention
-    in fp64 over the contiguous context, with a lower-triangular mask shifted to the bottom right."""
+    in fp64 over the contiguous context, with a lower-triangular mask shifted to the bottom right
+    (and a band of `window` positions, capped logits, sink logits, written out one by one)."""
     num_queries, num_heads, _ = q.shape
     seq_len, num_kv_heads, _ = k.shape
     kv_head = torch.arange(num_heads) // (num_heads // num_kv_heads)  # query head -> kv head
     k = k.double()[:, kv_head]  # [L, H, D]
     v = v.double()[:, kv_head]
     scores = torch.einsum("qhd,lhd->hql", q.double(), k) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     visible = torch.ones(num_queries, seq_len, dtype=torch.bool).tril(seq_len - num_queries)
+    if window is not None:
+        visible &= ~torch.ones(num_queries, seq_len, dtype=torch.bool).tril(
+            seq_len - num_queries - window
+        )
     scores = scores.masked_fill(~visible, float("-inf"))
-    return torch.einsum("hql,lhd->qhd", torch.softmax(scores, dim=-1), v)
+    weights = torch.exp(scores - scores.amax(-1, keepdim=True))
+    denom = weights.sum(-1, keepdim=True)
+    if sinks is not None:
+        denom = denom + torch.exp(sinks.double()[:, None, None] - scores.amax(-1, keepdim=True))
+    return torch.einsum("hql,lhd->qhd", weights / denom, v)
 
 
 def build_case(seqs, num_heads, num_kv_heads, head_dim, block_size, seed):
@@ -93,6 +104,54 @@ def test_matches_dense_causal_attention(group, head_dim, block_size):
         expected = dense_attention(q, k, v, scale)
         got = out[qsl[s] : qsl[s + 1]].double()
         assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5), (s, seqs[s])
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(window=1),
+        dict(window=5),
+        dict(window=64),  # wider than every context: the same as no window
+        dict(softcap=2.0),
+        dict(sinks=True),
+        dict(window=6, softcap=3.0, sinks=True),
+    ],
+    ids=lambda v: "-".join(f"{k}={v[k]}" for k in v),
+)
+@pytest.mark.parametrize("decode_only", [False, True])
+def test_window_softcap_and_sinks_match_dense(variant: dict, decode_only: bool) -> None:
+    """Both the per-sequence and the batched decode path, against the dense fp64 reference."""
+    block_size, num_kv_heads, group = 4, 2, 2
+    seqs = [(n, 1) for n in (1, 3, 4, 9, 17, 30)] if decode_only else mixed_seqs(block_size)
+    query, k_cache, v_cache, tables, qsl, seq_lens, refs = build_case(
+        seqs, num_kv_heads * group, num_kv_heads, 16, block_size, seed=11
+    )
+    options = dict(variant)
+    if options.pop("sinks", False):
+        options["sinks"] = torch.randn(num_kv_heads * group, generator=torch.Generator()) * 2
+    out = paged_attention(query, k_cache, v_cache, tables, qsl, seq_lens, 0.25, **options)
+    for s, (q, k, v) in enumerate(refs):
+        expected = dense_attention(q, k, v, 0.25, **options)
+        got = out[qsl[s] : qsl[s + 1]].double()
+        assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5), (s, seqs[s])
+    plain = paged_attention(query, k_cache, v_cache, tables, qsl, seq_lens, 0.25)
+    differs = not torch.allclose(out, plain, atol=1e-5)
+    assert differs == (variant != dict(window=64)), "each variant changes the result"
+
+
+def test_window_sees_exactly_the_last_positions():
+    """Uniform scores: a query at position p averages the values of p - window + 1 .. p."""
+    head_dim, block_size, window = 8, 4, 3
+    seq_len, num_queries = 10, 4
+    k_cache = torch.zeros(3, block_size, 1, head_dim)
+    v_cache = torch.zeros(3, block_size, 1, head_dim)
+    for pos in range(seq_len):
+        v_cache[pos // block_size, pos % block_size, 0, 0] = float(pos)
+    query = torch.randn(num_queries, 1, head_dim, generator=torch.Generator().manual_seed(2))
+    tables = torch.tensor([[0, 1, 2]], dtype=torch.int32)
+    out = paged_attention(query, k_cache, v_cache, tables, [0, 4], [seq_len], 1.0, window=window)
+    expected = torch.tensor([(p + p - 1 + p - 2) / 3 for p in (6, 7, 8, 9)])
+    assert torch.allclose(out[:, 0, 0], expected, atol=1e-6)
 
 
 def test_gqa_head_mapping_is_grouped_not_interleaved():
