@@ -12,6 +12,7 @@ import torch
 from rollout.engine.config import EngineConfig
 from rollout.engine.execution.kv_cache import KVCacheShape, decide_num_blocks
 from rollout.engine.execution.model_runner import ModelRunner
+from rollout.engine.model.capabilities import check_config, check_forward
 from rollout.engine.model.loader import load_model, load_tokenizer, resolve_device, resolve_dtype
 from rollout.engine.sampling_params import SamplingParams
 from rollout.engine.scheduling.block_manager import BlockManager
@@ -40,7 +41,9 @@ class LLMEngine:
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, config: EngineConfig, tokenizer=None) -> LLMEngine:
-        """Wrap an in-memory transformers model (moved to the config's device and dtype in place)."""
+        """Wrap an in-memory transformers model (moved to the config's device and dtype in place,
+        and put in eval mode). Outside the engine's steps the model still runs its own attention,
+        so `model(ids)` gives the same logits as before it was wrapped."""
         engine = cls.__new__(cls)
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device)
@@ -49,6 +52,7 @@ class LLMEngine:
         return engine
 
     def _setup(self, model, config: EngineConfig, tokenizer, device, dtype) -> None:
+        check_config(model)  # before any memory is allocated for it
         model.eval()
         self.config = config
         self.model = model
@@ -70,6 +74,10 @@ class LLMEngine:
         loop_class = OverlapLoop if config.overlap else SyncLoop
         self.loop = loop_class(self.scheduler, self.runner, config.block_size)
         self._ready: list[Completion] = []  # results known without running (bad requests, aborts)
+        self._arrivals = itertools.count()
+        self._request_ids = itertools.count()
+        check_forward(self)
+        # The check's request must not shift the seeds derived from arrival order.
         self._arrivals = itertools.count()
         self._request_ids = itertools.count()
 

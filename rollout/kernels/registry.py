@@ -29,7 +29,13 @@ class AttentionBackend(Protocol):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
-    ) -> torch.Tensor: ...
+        window: int | None = None,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attention over the paged cache: causal, within the last `window` positions when set,
+        logits capped at `softcap`, and per-head `sinks` [num_heads] in the denominator."""
+        ...
 
 
 class TorchBackend:
@@ -40,7 +46,9 @@ class TorchBackend:
     def write_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
         torch_paged_attention.write_kv(key, value, k_cache, v_cache, slot_mapping)
 
-    def attend(self, query, k_cache, v_cache, meta, scale) -> torch.Tensor:
+    def attend(
+        self, query, k_cache, v_cache, meta, scale, window=None, softcap=None, sinks=None
+    ) -> torch.Tensor:
         return torch_paged_attention.paged_attention(
             query,
             k_cache,
@@ -49,6 +57,9 @@ class TorchBackend:
             meta.query_start_loc_host,
             meta.seq_lens_host,
             scale,
+            window=window,
+            softcap=softcap,
+            sinks=sinks,
         )
 
 
@@ -65,10 +76,20 @@ class TritonBackend:
     def write_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
         self._kernels.write_kv(key, value, k_cache, v_cache, slot_mapping)
 
-    def attend(self, query, k_cache, v_cache, meta, scale) -> torch.Tensor:
+    def attend(
+        self, query, k_cache, v_cache, meta, scale, window=None, softcap=None, sinks=None
+    ) -> torch.Tensor:
+        variant = dict(window=window, softcap=softcap, sinks=sinks)
         if meta.decode_only:
             return self._kernels.decode_attention(
-                query, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, meta.max_model_len
+                query,
+                k_cache,
+                v_cache,
+                meta.block_tables,
+                meta.seq_lens,
+                scale,
+                meta.max_model_len,
+                **variant,
             )
         return self._kernels.extend_attention(
             query,
@@ -80,6 +101,7 @@ class TritonBackend:
             meta.q_block_seq,
             meta.q_block_start,
             scale,
+            **variant,
         )
 
 

@@ -26,7 +26,8 @@ from rollout.engine.execution.kv_cache import KVCacheShape, allocate_kv_caches
 from rollout.engine.execution.sampler import Sampler, SamplingTensors
 from rollout.engine.execution.step_slot import StepSlot
 from rollout.engine.execution.streams import StepStreams
-from rollout.engine.model.attention import register_paged_attention
+from rollout.engine.model.attention import paged_attention_selected, register_paged_attention
+from rollout.engine.model.capabilities import layer_windows
 from rollout.engine.model.compilation import compile_decoder_layers
 from rollout.engine.model.forward_context import ForwardContext, forward_context
 from rollout.engine.model.fused_projections import fuse_projections, route_decode_linears
@@ -62,6 +63,7 @@ class ModelRunner:
             self.shape, num_kv_blocks, config.block_size, dtype, device
         )
         self.backend = resolve_attention_backend(config.attention, device)
+        self.windows = layer_windows(model)
         self.sampler = Sampler(vocab_size, device, use_triton=self.backend.name == "triton")
         self.streams = StepStreams(device)
         max_blocks_per_seq = -(-config.max_model_len // config.block_size)
@@ -81,17 +83,15 @@ class ModelRunner:
             self.graphs = DecodeGraphs(default_buckets(config.max_num_seqs), self.streams.compute)
         self.timing: DeviceTiming | None = None  # set by benchmarks: device time of each step
         self.host_wait_s = 0.0  # host time blocked in wait(): the rest of a step is CPU work
-        name = register_paged_attention()
+        # capabilities.check_forward: the layers that attended, one list per forward.
+        self.layers_attended: list[list[int]] | None = None
+        register_paged_attention()
         if config.fuse_projections:
             fuse_projections(model)  # before compiling: dynamo traces the fused forward
         if config.triton_linear and self.backend.name == "triton":  # CUDA, with triton installed
             route_decode_linears(model)
         if config.compile_model and device.type == "cuda":
             compile_decoder_layers(model)
-        if hasattr(model, "set_attn_implementation"):
-            model.set_attn_implementation(name)
-        else:  # older transformers
-            model.config._attn_implementation = name
 
     def launch(self, step_id: int, inputs: StepInputs) -> StepHandle:
         """Enqueue one step (copy in, compute, copy out) and return without waiting."""
@@ -164,7 +164,12 @@ class ModelRunner:
             decode_only=inputs.decode_only,
             max_model_len=self.config.max_model_len,
         )
-        with forward_context(ForwardContext(meta, self.kv_caches, self.backend)):
+        attended = None
+        if self.layers_attended is not None:
+            attended = []
+            self.layers_attended.append(attended)
+        context = ForwardContext(meta, self.kv_caches, self.backend, self.windows, attended)
+        with forward_context(context), paged_attention_selected(self.model):
             logits = self.model(
                 input_ids=input_ids[None],
                 position_ids=dev["positions"][None],

@@ -6,13 +6,21 @@ purpose: for an attention name that the mask registry does not know, transformer
 at all and skips its packed-sequence detection (which would read a device value on the host every
 forward, a sync that defeats the overlap loop and breaks CUDA-graph capture). The paged kernels
 mask by sequence lengths.
+
+The model runs our attention only inside an engine step (`paged_attention_selected`): outside
+one, its config names its own implementation again, so a model wrapped by an engine still runs
+`model(ids)` exactly as before (masks included).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch._dynamo
 
+from rollout.engine.model.capabilities import check_attention_call, check_window
 from rollout.engine.model.forward_context import get_forward_context
 
 ATTENTION_NAME = "rollout_paged"
@@ -26,18 +34,27 @@ def paged_attention_forward(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,  # [num_heads] sink logits (gpt-oss)
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     ctx = get_forward_context()
-    if kwargs.get("softcap") is not None or kwargs.get("sliding_window") is not None:
-        raise NotImplementedError("paged attention does not support softcap or sliding windows yet")
     k_cache, v_cache = ctx.kv_caches[module.layer_idx]
     q = query[0].transpose(0, 1)  # [num_tokens, num_heads, head_dim]
     k = key[0].transpose(0, 1)  # [num_tokens, num_kv_heads, head_dim]
     v = value[0].transpose(0, 1)
+    # Host-side checks only: cheap per layer, and inside CUDA graphs they run once, at capture.
+    check_attention_call(module, k, v, k_cache, attention_mask, dropout, kwargs)
+    window = ctx.windows[module.layer_idx]
+    check_window(module, sliding_window, window)
+    if ctx.layers_attended is not None:
+        ctx.layers_attended.append(module.layer_idx)
     ctx.backend.write_kv(k, v, k_cache, v_cache, ctx.meta.slot_mapping)
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    out = ctx.backend.attend(q, k_cache, v_cache, ctx.meta, scale)
+    out = ctx.backend.attend(
+        q, k_cache, v_cache, ctx.meta, scale, window=window, softcap=softcap, sinks=s_aux
+    )
     return out.unsqueeze(0), None  # [1, num_tokens, num_heads, head_dim]
 
 
@@ -52,3 +69,28 @@ def register_paged_attention() -> str:
         "see module docstring"
     )
     return ATTENTION_NAME
+
+
+@contextmanager
+def paged_attention_selected(model: torch.nn.Module) -> Iterator[None]:
+    """Inside: the model's attention is ours (and no mask is built). The attention modules and
+    the mask code read `config._attn_implementation` at each call, so setting it is enough; on
+    the way out the model's own implementation comes back."""
+    configs = _attention_configs(model)
+    before = [c._attn_implementation for c in configs]
+    for c in configs:
+        c._attn_implementation = ATTENTION_NAME
+    try:
+        yield
+    finally:
+        for c, name in zip(configs, before, strict=True):
+            c._attn_implementation = name
+
+
+def _attention_configs(model: torch.nn.Module) -> list:
+    config = model.config
+    configs = [config]
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if text is not config:
+        configs.append(text)
+    return configs

@@ -22,6 +22,8 @@ class ForwardContext:
     meta: AttentionMetadata
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (k_cache, v_cache)
     backend: AttentionBackend
+    windows: tuple[int | None, ...]  # per layer: sliding window, None for full attention
+    layers_attended: list[int] | None = None  # construction-time check: the layers that attended
 
 
 _current: ForwardContext | None = None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Collection
 
 import torch
 import torch.nn.functional as F
@@ -34,25 +35,28 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from rollout.engine.model.loader import decoder_layers
 
 # transformers classes whose forward is: q/k/v projections -> [q_norm/k_norm] -> rotary ->
-# attention interface -> o_proj (the Qwen3 family adds the per-head norms).
+# attention interface -> o_proj (the Qwen3 family adds the per-head norms); with the sliding
+# window each passes to the attention function, read where its own forward reads it.
 _ATTENTION_CLASSES = {
-    "LlamaAttention",
-    "MistralAttention",
-    "Qwen2Attention",
-    "Qwen3Attention",
+    "LlamaAttention": lambda attn: None,
+    "MistralAttention": lambda attn: getattr(attn.config, "sliding_window", None),
+    "Qwen2Attention": lambda attn: getattr(attn, "sliding_window", None),
+    "Qwen3Attention": lambda attn: getattr(attn, "sliding_window", None),
 }
 # ... and whose MLP is down(act(gate(x)) * up(x)).
 _MLP_CLASSES = {"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"}
 
 
 def fuse_projections(model: nn.Module) -> int:
-    """Fuse q/k/v and gate/up of every decoder layer in place; returns how many modules changed."""
+    """Fuse q/k/v and gate/up of every decoder layer in place; returns how many modules changed
+    (none for a model whose layers are not the known classes)."""
     changed = 0
-    for layer in decoder_layers(model, setting="fuse_projections"):
+    for layer in _layers_or_none(model):
         attn = getattr(layer, "self_attn", None)
         if _fusable(attn, _ATTENTION_CLASSES, "qkv_weight"):
             _fuse_linears(attn, ("q_proj", "k_proj", "v_proj"), "qkv")
             attn._rotary = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+            attn._sliding_window = _ATTENTION_CLASSES[type(attn).__name__](attn)
             attn._unfused_forward = attn.forward
             attn.forward = types.MethodType(_fused_attention_forward, attn)
             changed += 1
@@ -71,7 +75,7 @@ def route_decode_linears(model: nn.Module) -> int:
     from rollout.kernels import triton_linear
 
     routed = 0
-    for layer in decoder_layers(model, setting="triton_linear"):
+    for layer in _layers_or_none(model):
         for module, name in (
             (layer.self_attn, "o_proj"),
             (getattr(layer, "mlp", None), "down_proj"),
@@ -93,6 +97,13 @@ def route_decode_linears(model: nn.Module) -> int:
     return routed
 
 
+def _layers_or_none(model: nn.Module) -> list[nn.Module]:
+    try:
+        return decoder_layers(model, setting="fuse_projections")
+    except ValueError:  # not a layout this module knows: the model runs unchanged
+        return []
+
+
 def _project(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if getattr(linear, "_decode_linear", False):
         return torch.ops.rollout.decode_linear(x, linear.weight, linear.bias)
@@ -105,7 +116,7 @@ def _decode_head_forward(self, x):
     return torch.ops.rollout.decode_linear(x, self.weight, self.bias)
 
 
-def _fusable(module: nn.Module | None, classes: set[str], fused_buffer: str) -> bool:
+def _fusable(module: nn.Module | None, classes: Collection[str], fused_buffer: str) -> bool:
     # A second engine over the same in-memory model finds it fused already.
     return type(module).__name__ in classes and not hasattr(module, fused_buffer)
 
@@ -159,7 +170,6 @@ def _fused_attention_forward(
     value = value.reshape(hidden_shape).transpose(1, 2)
     cos, sin = position_embeddings
     query, key = self._rotary(query, key, cos, sin)
-    extra = {"sliding_window": self.sliding_window} if hasattr(self, "sliding_window") else {}
     out, weights = attention(
         self,
         query,
@@ -168,7 +178,7 @@ def _fused_attention_forward(
         attention_mask,
         dropout=0.0,
         scaling=self.scaling,
-        **extra,
+        sliding_window=self._sliding_window,
         **kwargs,
     )
     out = out.reshape(*input_shape, -1).contiguous()

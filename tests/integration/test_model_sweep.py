@@ -1,0 +1,63 @@
+"""Every causal-LM family transformers ships (its auto mapping): a tiny random model of each one
+that can be built small is either served exactly like `generate` or refused when the engine is
+built. Never silently different, never a crash later. Prints the table of outcomes
+(`pytest -s tests/integration/test_model_sweep.py`; the README's "Models" table comes from it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.model_zoo import Outcome, try_family
+
+# Families whose outcome is known: the sweep must keep finding them so.
+EXPECTED = {
+    "llama": "exact",
+    "mistral": "exact",
+    "qwen2": "exact",
+    "qwen3_moe": "exact",
+    "gemma2": "exact",
+    "gemma3_text": "exact",
+    "gpt_oss": "exact",
+    "olmo3": "exact",
+    "deepseek_v3": "refused",
+    "olmo_hybrid": "refused",
+    "granitemoehybrid": "refused",
+    "diffllama": "refused",
+    "bart": "cannot be built small",
+}
+
+
+@pytest.mark.slow
+def test_every_family_is_exact_or_refused_up_front() -> None:
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    transformers.logging.set_verbosity_error()
+    outcomes = [try_family(family) for family in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)]
+    print("\n" + table(outcomes))
+    by_family = {o.family: o for o in outcomes}
+    for family, result in EXPECTED.items():
+        assert by_family[family].result == result, (family, by_family[family].detail)
+    bad = [o for o in outcomes if not o.acceptable]
+    assert not bad, "\n".join(f"{o.family}: {o.result}: {o.detail[:300]}" for o in bad)
+
+
+def table(outcomes: list[Outcome]) -> str:
+    """Markdown: each outcome with its families, and why the refused ones were refused."""
+    lines = ["| outcome | families |", "|---|---|"]
+    for result in ("exact", "refused", "cannot be built small"):
+        names = sorted(o.family for o in outcomes if o.result == result)
+        lines.append(f"| {result} ({len(names)}) | {', '.join(names)} |")
+    failures = [o for o in outcomes if not o.acceptable]
+    for o in failures:
+        lines.append(f"| **{o.result}** | {o.family} |")
+    lines += ["", "| refused | why |", "|---|---|"]
+    for o in sorted((o for o in outcomes if o.result == "refused"), key=lambda o: o.family):
+        lines.append(f"| {o.family} | {reason(o.detail)} |")
+    return "\n".join(lines)
+
+
+def reason(message: str) -> str:
+    """The refusal's first clause, without the model name and the pointer to the README."""
+    text = message.split("exactly: ", 1)[-1].split(". See the README")[0]
+    return text.split(": its")[0].split(", so the engine")[0].split("; load")[0][:110]
