@@ -9,6 +9,7 @@ Workloads (random-init weights built on the device, EOS ignored, exactly N new t
   w1-8k  the same with 8192 new tokens
   w3     Qwen2.5-0.5B shape, 256 x (256 + 1024)
   long   Llama-3-8B shape, 64 x (512 + 16384)
+  gpt-oss-20b  gpt-oss-20b shape (MoE, alternating 128-token windows, sinks), 32 x (256 + 1024)
   smoke  a tiny model on CPU
 
 Per run: tokens/s, ms/step, GPU-busy fraction (device time of each step's compute over wall time),
@@ -105,6 +106,7 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
         workload.num_requests,
         workload.prompt_len,
         workload.new_tokens,
+        windows=engine.runner.windows,
     )
     tokens_per_s = tokens / wall
     step_ms = [1e3 * (b - a) for a, b in zip([0.0, *step_ends[:-1]], step_ends, strict=True)]

@@ -133,7 +133,10 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int = MAX_NEW) -> list[i
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = model.generate(
-            torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, min_length=0
+            torch.tensor([prompt], device=model.device),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            min_length=0,
         )
     return out[0, len(prompt) :].tolist()
 

@@ -3,7 +3,8 @@
 A decode step reads every weight once (the embedding table only by row) plus the KV cache of every
 running sequence, so its time is at least (weight bytes + KV bytes) / bandwidth. Summing over the
 steps of a workload whose B sequences all run P prompt + N new tokens gives the best possible
-tokens/s. The default bandwidth is the device-copy bandwidth (read + write) of one NVIDIA H200;
+tokens/s. A sliding-window layer reads at most its window of each context. For an MoE model every
+expert counts: a decode batch of a few dozen rows routes to nearly all of them. The default bandwidth is the device-copy bandwidth (read + write) of one NVIDIA H200;
 docs/performance.md, 'The two numbers', has the figure and the rooflines it gives.
 """
 
@@ -45,9 +46,17 @@ def roofline_tokens_per_s(
     prompt_len: int,
     new_tokens: int,
     bandwidth: float = H200_COPY_BANDWIDTH,
+    windows: tuple[int | None, ...] | None = None,
 ) -> float:
-    """Best tokens/s for num_seqs sequences decoding new_tokens each after prompt_len."""
-    # Step i reads the KV of num_seqs contexts of prompt_len + i tokens; sum in closed form.
-    kv_tokens = num_seqs * (new_tokens * prompt_len + new_tokens * (new_tokens - 1) / 2)
+    """Best tokens/s for num_seqs sequences decoding new_tokens each after prompt_len.
+    `windows`: each layer's sliding window (None: full attention); `kv_per_token` covers all
+    layers, so each layer's share is kv_per_token / len(windows)."""
+    if windows is None or all(w is None for w in windows):
+        # Step i reads the KV of num_seqs contexts of prompt_len + i tokens; sum in closed form.
+        kv_tokens = num_seqs * (new_tokens * prompt_len + new_tokens * (new_tokens - 1) / 2)
+    else:
+        contexts = range(prompt_len, prompt_len + new_tokens)
+        per_layer = [sum(c if w is None else min(c, w) for c in contexts) for w in windows]
+        kv_tokens = num_seqs * sum(per_layer) / len(windows)
     seconds = (new_tokens * weight_bytes + kv_tokens * kv_per_token) / bandwidth
     return num_seqs * new_tokens / seconds

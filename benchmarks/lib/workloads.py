@@ -48,6 +48,21 @@ SMOLLM2_135M = dict(  # the built-in model's shape, for CPU runs
     rope_theta=100000.0,
     tie_word_embeddings=True,
 )
+GPT_OSS_20B = dict(  # MoE, alternating 128-token windows and full layers, attention sinks
+    arch="gpt_oss",
+    hidden_size=2880,
+    intermediate_size=2880,
+    num_hidden_layers=24,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    head_dim=64,
+    num_local_experts=32,
+    num_experts_per_tok=4,
+    vocab_size=201088,
+    sliding_window=128,
+    max_position_embeddings=131072,  # what its YaRN rope scaling was set for
+    tie_word_embeddings=False,
+)
 TINY = dict(
     arch="llama",
     hidden_size=64,
@@ -82,6 +97,7 @@ SHAPES = {
     "qwen2.5-0.5b": QWEN25_05B,
     "qwen2.5-1.5b": QWEN25_15B,
     "smollm2-135m": SMOLLM2_135M,
+    "gpt-oss-20b": GPT_OSS_20B,
     "tiny": TINY,
 }
 
@@ -90,6 +106,7 @@ WORKLOADS = {
     "w1-8k": Workload("w1-8k", LLAMA3_8B, 32, 256, 8192),
     "w3": Workload("w3", QWEN25_05B, 256, 256, 1024),
     "long": Workload("long", LLAMA3_8B, 64, 512, 16384),
+    "gpt-oss-20b": Workload("gpt-oss-20b", GPT_OSS_20B, 32, 256, 1024),
     "smoke": Workload("smoke", TINY, 8, 16, 32, device="cpu", dtype="float32"),
     # CPU scaling (bench_scale.py): SmolLM2-135M's shape, long enough to dwarf start-up costs.
     "cpu-135m": Workload("cpu-135m", SMOLLM2_135M, 16, 64, 128, device="cpu", dtype="float32"),
@@ -99,13 +116,14 @@ WORKLOADS = {
 
 def model_config(shape: dict):
     """The transformers config of a preset shape (no weights)."""
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import GptOssConfig, LlamaConfig, Qwen2Config
 
     shape = dict(shape)
-    config_class = {"llama": LlamaConfig, "qwen2": Qwen2Config}[shape.pop("arch")]
-    return config_class(
-        **shape, max_position_embeddings=32768, bos_token_id=None, eos_token_id=None
-    )
+    config_class = {"llama": LlamaConfig, "qwen2": Qwen2Config, "gpt_oss": GptOssConfig}[
+        shape.pop("arch")
+    ]
+    shape.setdefault("max_position_embeddings", 32768)
+    return config_class(**shape, bos_token_id=None, eos_token_id=None)
 
 
 def write_model_config(shape: dict, folder) -> str:

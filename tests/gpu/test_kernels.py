@@ -146,3 +146,95 @@ def test_write_kv_matches_twin() -> None:
     _triton().write_kv(key, value, caches[2], caches[3], slots)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
     assert caches[2].abs().sum() > 0
+
+
+# ---- sliding windows, softcap, sinks ----------------------------------------------------------
+
+
+def _variants(num_heads: int) -> list[dict]:
+    """Windows smaller than a page (16), than a split (512), than a context, and larger than
+    every context; softcap; sinks; and all three together."""
+    sinks = torch.randn(num_heads, generator=torch.Generator().manual_seed(1)).cuda() * 3
+    return [
+        dict(window=5),
+        dict(window=100),
+        dict(window=700),
+        dict(window=9000),
+        dict(softcap=8.0),
+        dict(sinks=sinks),
+        dict(window=128, sinks=sinks),
+        dict(window=300, softcap=20.0, sinks=sinks),
+    ]
+
+
+def _variant_reference(case, variant):
+    return twin.paged_attention(
+        case["query"], case["k_cache"], case["v_cache"], case["block_tables"],
+        case["query_start_loc_host"], case["seq_lens_host"], case["scale"], **variant,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("group", [1, 8])
+def test_decode_variants_match_twin(dtype: torch.dtype, group: int) -> None:
+    case = make_case(
+        DECODE_LENS, [1] * len(DECODE_LENS), 2, group, 64, 16, dtype, "cuda", seed=group
+    )
+    for variant in _variants(2 * group):
+        got = _triton().decode_attention(
+            case["query"], case["k_cache"], case["v_cache"], case["block_tables"],
+            case["seq_lens"], case["scale"], 8192, **variant,
+        )  # fmt: skip
+        want = _variant_reference(case, variant)
+        assert not torch.isnan(got).any(), variant
+        if dtype == torch.float32:
+            assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), variant
+        else:
+            assert _rel_error(got, want) < 1e-2, variant
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_extend_variants_match_twin(dtype: torch.dtype) -> None:
+    seq_lens = [1, 64, 65, 300, 17, 1000, 129, 16]
+    query_lens = [1, 64, 1, 130, 17, 200, 65, 16]
+    case = make_case(seq_lens, query_lens, 2, 4, 64, 16, dtype, "cuda", seed=9)
+    for variant in _variants(8):
+        got = _triton().extend_attention(
+            case["query"], case["k_cache"], case["v_cache"], case["block_tables"],
+            case["query_start_loc"], case["seq_lens"], case["q_block_seq"],
+            case["q_block_start"], case["scale"], **variant,
+        )  # fmt: skip
+        want = _variant_reference(case, variant)
+        assert not torch.isnan(got).any(), variant
+        if dtype == torch.float32:
+            assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), variant
+        else:
+            assert _rel_error(got, want) < 1e-2, variant
+
+
+def test_windowed_decode_is_stable_across_graph_replays() -> None:
+    lens = [4096, 600, 513, 1, 2000, 512, 3000, 0] * 4
+    case = make_case(
+        [max(n, 1) for n in lens], [1] * len(lens), 8, 4, 64, 16, torch.bfloat16, "cuda"
+    )
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    sinks = torch.randn(32, device="cuda")
+
+    def run():
+        return _triton().decode_attention(
+            case["query"], case["k_cache"], case["v_cache"], case["block_tables"], seq_lens,
+            case["scale"], 4096, window=700, sinks=sinks,
+        )  # fmt: skip
+
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        want = run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        outs = [run() for _ in range(10)]
+    for _ in range(5):
+        graph.replay()
+        torch.cuda.synchronize()
+        for got in outs:
+            assert torch.equal(got, want)
