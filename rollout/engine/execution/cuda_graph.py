@@ -66,6 +66,10 @@ def pad_decode_inputs(inputs: StepInputs, bucket: int, max_blocks_per_seq: int) 
     )
 
 
+class CaptureError(RuntimeError):
+    """A decode step could not be captured; the message says which setting to change."""
+
+
 class DecodeGraphs:
     """Captured decode steps, keyed by (slot index, bucket, sampler mode); captured lazily."""
 
@@ -94,8 +98,15 @@ class DecodeGraphs:
             body()  # warm-up: compiles kernels, creates library handles outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
-            body()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+                body()
+        except RuntimeError as err:
+            raise CaptureError(
+                f"this model's decode step cannot be captured in a CUDA graph ({err}): its "
+                "forward does host work, e.g. an MoE implementation that reads the routing on the "
+                "host. Set cuda_graphs=False"
+            ) from err
         torch.cuda.synchronize()
         return graph
 

@@ -246,6 +246,7 @@ def check_forward(engine: Any) -> None:
     """Run one short greedy generation (a prefill step and a decode step) through the engine and
     require every decoder layer to have attended through the paged cache. Any failure of this
     forward refuses the model here, before it takes requests."""
+    from rollout.engine.execution.cuda_graph import CaptureError
     from rollout.engine.sampling_params import SamplingParams
 
     num_layers = len(engine.runner.kv_caches)
@@ -255,6 +256,8 @@ def check_forward(engine: Any) -> None:
         results = engine.generate([prompt], SamplingParams(max_tokens=2, temperature=0.0))
     except UnsupportedModelError as err:
         raise UnsupportedModelError(_refusal(engine.model, [str(err)])) from err
+    except CaptureError as err:
+        raise UnsupportedModelError(str(err)) from err
     except Exception as err:
         raise UnsupportedModelError(
             _refusal(engine.model, [f"a test forward through the paged cache failed: {err!r}"])
