@@ -42,7 +42,7 @@ def forward_context(ctx: ForwardContext) -> Iterator[None]:
 def get_forward_context() -> ForwardContext:
     if _current is None:
         raise RuntimeError(
-            "paged attention was called outside an engine step; this model's attention is owned by "
-            "an LLMEngine (use a separate copy of the model for training)"
+            "paged attention was called outside an engine step (the engine selects it only for "
+            "its own forwards)"
         )
     return _current
