@@ -60,8 +60,6 @@ class RolloutConfig:
     num_actors: int = 1
     """Ray rollout actors. On GPU machines: one per GPU the trainer does not use (0 = auto)."""
     cpus_per_actor: float = 1.0
-    gpus_per_actor: float = 0.0
-    """1 on GPU machines; a fraction when the trainer and one actor share a single GPU."""
     engine: dict = field(
         default_factory=lambda: {"max_model_len": 1024, "max_num_seqs": 64, "dtype": "float32"}
     )
