@@ -95,14 +95,19 @@ def test_decode_in_one_launch_is_stable_across_graph_replays() -> None:
             case["scale"], 4096,
         )  # fmt: skip
 
+    _assert_replays_equal_eager(run, launches=20, replays=10)
+
+
+def _assert_replays_equal_eager(run, launches: int, replays: int) -> None:
+    """A graph of `launches` calls of `run`, replayed `replays` times, gives the eager result."""
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         want = run()  # also the warm-up that allocates this stream's counters
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        outs = [run() for _ in range(20)]
-    for _ in range(10):
+        outs = [run() for _ in range(launches)]
+    for _ in range(replays):
         graph.replay()
         torch.cuda.synchronize()
         for got in outs:
@@ -226,15 +231,4 @@ def test_windowed_decode_is_stable_across_graph_replays() -> None:
             case["scale"], 4096, window=700, sinks=sinks,
         )  # fmt: skip
 
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        want = run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        outs = [run() for _ in range(10)]
-    for _ in range(5):
-        graph.replay()
-        torch.cuda.synchronize()
-        for got in outs:
-            assert torch.equal(got, want)
+    _assert_replays_equal_eager(run, launches=10, replays=5)
