@@ -3,15 +3,16 @@
 Every reward follows TRL's reward-function signature, ``fn(prompts, completions, **kwargs)``,
 where ``kwargs`` carries the dataset's other columns (one value per completion). TRL logs each
 reward under the function's ``__name__``, so the names below are also the registry keys.
+``get_reward_functions`` also takes the user's own rewards (see ``trainers.reward_loading``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-RewardFunction = Callable[..., list[float]]
+from trainers.reward_loading import RewardFunction, load_reward_function, reward_name
 
 # A number as models write it: optional minus, either comma-grouped thousands (1,234,567) or plain
 # digits, then an optional fraction. A minus counts only when no letter or digit precedes it, so
@@ -124,13 +125,29 @@ for _name, _fn in REWARD_FUNCTIONS.items():
     assert _fn.__name__ == _name, f"reward {_fn.__name__} is registered as {_name}"
 
 
-def get_reward_functions(names: Sequence[str]) -> list[RewardFunction]:
-    """The reward functions registered under ``names``, in order (for GRPOTrainer's reward_funcs)."""
-    if not names:
-        raise ValueError(f"no reward functions given; choose from {sorted(REWARD_FUNCTIONS)}")
-    unknown = [name for name in names if name not in REWARD_FUNCTIONS]
-    if unknown:
+def get_reward_functions(entries: Sequence[str]) -> list[RewardFunction]:
+    """The reward functions ``entries`` name, in order (for GRPOTrainer's reward_funcs).
+
+    An entry is a registered name (REWARD_FUNCTIONS), "package.module:function" or
+    "path/to/file.py:function"; ``async def`` functions come back as plain ones. Raises
+    ValueError, naming the entry, for one that cannot be loaded.
+    """
+    if not entries:
         raise ValueError(
-            f"unknown reward function {unknown[0]!r}; valid names are {sorted(REWARD_FUNCTIONS)}"
+            f"no reward functions given; choose from {sorted(REWARD_FUNCTIONS)} or give "
+            "'package.module:function' or 'path/to/file.py:function'"
         )
-    return [REWARD_FUNCTIONS[name] for name in names]
+    functions = [load_reward_function(entry, REWARD_FUNCTIONS) for entry in entries]
+    # TRL logs each reward under its name and our scorer keys its metrics by it: two rewards of
+    # one name would show as one.
+    seen: dict[str, str] = {}
+    for entry, fn in zip(entries, functions, strict=True):
+        name = reward_name(fn)
+        if name in seen:
+            raise ValueError(
+                f"rewards {seen[name]!r} and {entry!r} are both named {name!r} (rewards are "
+                "logged by name); list a reward once and weight it with reward_weights, or "
+                "rename one of the functions"
+            )
+        seen[name] = entry
+    return functions

@@ -1,7 +1,12 @@
-"""Rule-based rewards: number extraction, exact answers, answer format, and the registry."""
+"""Rule-based rewards: number extraction, exact answers, answer format, the registry, the user's
+own rewards through get_reward_functions, and scoring a group with weights."""
 
 from __future__ import annotations
 
+import math
+import textwrap
+
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,6 +18,7 @@ from trainers.rewards import (
     get_reward_functions,
     last_number,
 )
+from trainers.scoring import score_group
 
 
 @pytest.mark.parametrize(
@@ -111,8 +117,134 @@ def test_get_reward_functions_unknown_name() -> None:
     with pytest.raises(ValueError, match="unknown reward function 'accuracy'") as info:
         get_reward_functions(["exact_answer", "accuracy"])
     assert "answer_format" in str(info.value) and "exact_answer" in str(info.value)
+    assert "'path/to/file.py:function'" in str(info.value)
 
 
 def test_get_reward_functions_empty() -> None:
     with pytest.raises(ValueError, match="no reward functions"):
         get_reward_functions([])
+
+
+MY_REWARDS = """
+import asyncio
+
+
+def short(prompts, completions, **columns):
+    return [1.0 if len(c) <= 3 else 0.0 for c in completions]
+
+
+async def polite(prompts, completions, **columns):
+    await asyncio.sleep(0)
+    return [1.0 if "please" in c else None for c in completions]
+
+
+def exact_answer(prompts, completions, **columns):  # clashes with the built-in's name
+    return [0.0] * len(completions)
+"""
+
+
+@pytest.fixture
+def my_rewards(tmp_path):
+    path = tmp_path / "my_rewards.py"
+    path.write_text(textwrap.dedent(MY_REWARDS))
+    return path
+
+
+def test_get_reward_functions_mixes_the_three_forms_in_order(my_rewards) -> None:
+    functions = get_reward_functions(
+        [f"{my_rewards}:polite", "exact_answer", "trainers.rewards:answer_format"]
+    )
+    assert [fn.__name__ for fn in functions] == ["polite", "exact_answer", "answer_format"]
+    assert functions[1:] == [exact_answer, answer_format]
+    assert functions[0](prompts=["p", "p"], completions=["please", "now"]) == [1.0, None]
+
+
+def test_get_reward_functions_refuses_two_rewards_of_one_name(my_rewards) -> None:
+    entry = f"{my_rewards}:exact_answer"
+    with pytest.raises(ValueError, match="are both named 'exact_answer'") as info:
+        get_reward_functions(["exact_answer", entry])
+    assert entry in str(info.value) and "reward_weights" in str(info.value)
+
+
+def test_get_reward_functions_names_the_entry_that_fails(my_rewards) -> None:
+    with pytest.raises(ValueError, match="no attribute 'shrot'") as info:
+        get_reward_functions(["exact_answer", f"{my_rewards}:shrot"])
+    assert f"{my_rewards}:shrot" in str(info.value)
+
+
+def _score(reward_funcs, weights=None, completions=("a", "abcd", "please")):
+    completions = list(completions)
+    return score_group(
+        ["p"] * len(completions),
+        completions,
+        [[7] * len(c) for c in completions],
+        {"answer": ["1"] * len(completions)},
+        reward_funcs,
+        weights,
+    )
+
+
+def test_score_group_weights_each_reward(my_rewards) -> None:
+    short, polite = get_reward_functions([f"{my_rewards}:short", f"{my_rewards}:polite"])
+    scored = _score([short, polite], [1.0, 0.2])
+    # short: [1, 0, 0]; polite: [None, None, 1] (None adds nothing to the total).
+    np.testing.assert_allclose(scored.rewards, [1.0, 0.0, 0.2])
+    assert list(scored.per_function) == ["short", "polite"]
+    assert math.isnan(scored.per_function["polite"][0]) and scored.per_function["polite"][2] == 1
+    mean, std = scored.rewards.mean(), scored.rewards.std()
+    np.testing.assert_allclose(scored.advantages, (scored.rewards - mean) / (std + 1e-4))
+    # Without weights each counts 1.0.
+    np.testing.assert_allclose(_score([short, polite]).rewards, [1.0, 0.0, 1.0])
+
+
+def test_score_group_passes_completion_ids_and_the_columns() -> None:
+    seen = {}
+
+    def spy(prompts, completions, completion_ids, answer):
+        seen.update(completion_ids=completion_ids, answer=answer)
+        return [0.0] * len(completions)
+
+    _score([spy], completions=["ab", "c"])
+    assert seen == {"completion_ids": [[7, 7], [7]], "answer": ["1", "1"]}
+
+
+def test_score_group_refuses_a_wrong_number_of_weights() -> None:
+    with pytest.raises(ValueError, match="1 reward weights for 2 reward functions"):
+        _score([answer_format, answer_format], [1.0])
+
+
+def test_a_raising_reward_is_named_with_the_group_size() -> None:
+    def flaky(prompts, completions, **columns):
+        raise KeyError("missing column")
+
+    with pytest.raises(RuntimeError) as info:
+        _score([answer_format, flaky])
+    assert str(info.value) == (
+        "reward function flaky failed on a group of 3 completions: KeyError('missing column')"
+    )
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+@pytest.mark.parametrize(
+    ("returned", "message"),
+    [
+        ([1.0, 2.0], "reward function bad returned 2 values for 3 completions"),
+        (1.0, "reward function bad returned a float; it must return a list of 3"),
+        ("1.0", "reward function bad returned a str"),
+        ([1.0, "0.5", 0.0], "reward function bad returned '0.5' \\(a str\\) for completion 1"),
+        ([1.0, [2.0], 0.0], "reward function bad returned \\[2.0\\] \\(a list\\) for completion 1"),
+    ],
+)
+def test_a_reward_returning_the_wrong_shape_is_named(returned, message) -> None:
+    def bad(prompts, completions, **columns):
+        return returned
+
+    with pytest.raises(RuntimeError, match=message):
+        _score([bad])
+
+
+def test_numpy_values_and_tuples_are_numbers_enough() -> None:
+    def np_reward(prompts, completions, **columns):
+        return tuple(np.float32(len(c)) for c in completions)
+
+    np.testing.assert_allclose(_score([np_reward]).rewards, [1.0, 4.0, 6.0])
