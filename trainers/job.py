@@ -20,15 +20,22 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from rollout.builtin_models import smollm2_path
 from rollout.engine.config import EngineConfig
 from rollout.environment import set_environment_defaults
+from trainers.checkpoints import (
+    checkpoints,
+    read_rollout_state,
+    resolve_resume,
+    rollout_state_callback,
+    wandb_run_id,
+)
 from trainers.config import JobConfig
-from trainers.datasets import load_prompt_dataset
+from trainers.console import console_callback, plot_training, quiet_default_printing
 from trainers.placement import plan_placement, ray_sees
+from trainers.preflight import check_inputs
 from trainers.prompts import PromptFormatter
-from trainers.rewards import get_reward_functions
 from trainers.rollout_logging import attach_rollout_logging
+from trainers.stopping import GracefulStop
 from trainers.summary import job_summary
 from trainers.trainer_builder import JobInputs, build_trainer
 
@@ -37,27 +44,31 @@ def run_job(config: JobConfig) -> dict:
     out = prepare_run_directory(config)
     # Heavy imports after the environment defaults, which transformers reads at import.
     import torch
-    from transformers import AutoTokenizer
 
     from rollout.actors.pool import RolloutPool
 
-    model_path = str(smollm2_path()) if config.model == "smollm2" else config.model
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    # The dataset and rewards before Ray: a bad name fails in seconds, not after actors load.
-    dataset = load_prompt_dataset(config.dataset.source, config.dataset.num_examples, config.seed)
-    reward_funcs = get_reward_functions(list(config.rewards))
+    # Everything the user gave, checked before Ray: a mistake fails in seconds, in one line.
+    inputs = check_inputs(config)
+    resume = resolve_resume(config.trainer.resume_from_checkpoint, out)
+    saved = read_rollout_state(resume)
+    os.environ["WANDB_RUN_ID"] = saved.get("wandb_run_id") or wandb_run_id(out)
+    os.environ["WANDB_RESUME"] = "allow"
     placement = plan_placement(config.rollout, torch.cuda.device_count())
     if placement.trainer_memory_fraction is not None:
         # Sharing the GPU with an actor: beyond its share the trainer gets an out-of-memory
         # error instead of starving the actor's KV cache.
         torch.cuda.set_per_process_memory_fraction(placement.trainer_memory_fraction, 0)
-    with ray_session(config, placement):
+    stop = GracefulStop()
+    with stop.installed(), ray_session(config, placement):
         engine = EngineConfig(
-            model=model_path, seed=config.seed, **placement.engine_settings(config.rollout.engine)
+            model=inputs.model_path,
+            seed=config.seed,
+            **placement.engine_settings(config.rollout.engine),
         )
         print(
             f"[train_grpo] {placement.num_actors} rollout actor(s), trainer on "
             f"{placement.trainer_device}, weight sync over {placement.weight_sync_backend}"
+            + (f"; resuming from {resume}" if resume else "")
         )
         pool = RolloutPool(
             engine,
@@ -65,42 +76,76 @@ def run_job(config: JobConfig) -> dict:
             num_gpus_per_actor=placement.gpus_per_actor,
             num_cpus_per_actor=config.rollout.cpus_per_actor,
         )
+        # A resumed run continues the weight versions, so staleness is counted as before.
+        pool.version = saved.get("model_version", 0)
+        built = None
         try:
             built = build_trainer(
                 JobInputs(
                     config=config,
                     out=out,
-                    model_path=model_path,
-                    tokenizer=tokenizer,
-                    dataset=dataset,
-                    reward_funcs=reward_funcs,
-                    formatter=PromptFormatter(tokenizer),
+                    model_path=inputs.model_path,
+                    tokenizer=inputs.tokenizer,
+                    dataset=inputs.dataset,
+                    reward_funcs=inputs.reward_funcs,
+                    formatter=PromptFormatter(inputs.tokenizer),
                     pool=pool,
                     weight_sync_backend=placement.weight_sync_backend,
                     on_cpu=placement.trainer_device == "cpu",
+                    start_cursor=saved.get("dataset_position") or 0,
                 )
             )
-            attach_rollout_logging(built.trainer, pool, built.transfer)
-            seconds = train(built.trainer, config)
-            if config.trainer.mode == "sync":
-                built.rewards.read_from_trl_log(built.trainer.state.log_history)
-            summary = job_summary(
-                config,
-                built.trainer,
-                built.transfer,
-                built.rewards,
-                pool.stats(),
-                seconds,
-                placement,
-                wandb_dir=str(out / "wandb"),
+            trainer = built.trainer
+            attach_callbacks(built, pool, config, stop)
+            seconds = train(trainer, config, resume)
+            final_model = save_final_model(trainer, inputs.tokenizer, out)
+            summary = job_summary(config, built, pool.stats(), seconds, placement, out)
+            summary.update(
+                final_model=str(final_model),
+                checkpoints=[str(c) for c in checkpoints(out)],
+                resumed_from=str(resume) if resume else None,
+                dataset_position_at_start=saved.get("dataset_position") or 0,
+                stopped_by=stop.requested,
+                dropped_prompts=inputs.dropped_prompts,
+                plot=str(plot_training(trainer.state.log_history, out / "training.png")),
             )
             (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-            if getattr(built.trainer, "rollout_worker", None) is not None:
-                built.trainer.rollout_worker.stop()
             return summary
         finally:
+            if built is not None and built.worker is not None:
+                built.worker.stop()
             _finish_wandb()
             pool.shutdown()
+
+
+def attach_callbacks(built, pool, config: JobConfig, stop: GracefulStop) -> None:
+    """The rollout side's metrics in every log, one console line per step instead of
+    transformers' dicts, the stop on a signal, and the rollout state in every checkpoint."""
+    trainer = built.trainer
+    if hasattr(trainer, "model_version"):  # the streaming trainer counts versions like the pool
+        trainer.model_version = pool.version
+    attach_rollout_logging(trainer, pool, built.transfer)
+    quiet_default_printing(trainer)
+    trainer.add_callback(console_callback(config.trainer.max_steps))
+    trainer.add_callback(stop.callback(save=config.save_steps > 0))
+    trainer.add_callback(
+        rollout_state_callback(
+            lambda: {
+                "dataset_position": built.dataset_position(),
+                "model_version": pool.version,
+                "wandb_run_id": os.environ["WANDB_RUN_ID"],
+            }
+        )
+    )
+
+
+def save_final_model(trainer, tokenizer, out: Path) -> Path:
+    """The trained model and its tokenizer, in Hugging Face format, at <output_dir>/final_model:
+    loadable by transformers and by LLMEngine(EngineConfig(model=...))."""
+    folder = out / "final_model"
+    trainer.save_model(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return folder
 
 
 def prepare_run_directory(config: JobConfig) -> Path:
@@ -143,13 +188,13 @@ def ray_session(config: JobConfig, placement) -> Iterator[None]:
         ray.shutdown()
 
 
-def train(trainer, config: JobConfig) -> float:
-    """Run the trainer; returns the seconds it took."""
+def train(trainer, config: JobConfig, resume: Path | None) -> float:
+    """Run the trainer (from `resume` when given); returns the seconds it took."""
     import torch
 
     start = time.perf_counter()
     try:
-        trainer.train()
+        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     except torch.OutOfMemoryError as err:
         raise RuntimeError(
             f"the trainer ran out of GPU memory with trainer.token_budget={config.token_budget} "

@@ -5,6 +5,7 @@ transfer (the pool's broadcast, then a logprob parity probe). TRL's own types co
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -24,6 +25,8 @@ class PoolRolloutWorker:
 
     Keeps at most `max_inflight_groups` groups generating (on demand, so samples stay fresh),
     scores each completed group and pushes one RolloutSample per sample into `rollout_buffer`.
+    A sample that ended in an error (finish_reason "error") is counted and never trained on; if
+    the first group's samples all end in errors, the worker stops with the first one's message.
     """
 
     def __init__(
@@ -35,6 +38,8 @@ class PoolRolloutWorker:
         sampling: SamplingParams,
         max_inflight_groups: int,
         on_group: Callable[[dict], None] | None = None,
+        start_cursor: int = 0,
+        reward_weights: list[float] | None = None,
     ) -> None:
         self.pool = pool
         self.dataset = dataset
@@ -45,8 +50,12 @@ class PoolRolloutWorker:
         self.on_group = on_group
         self.rollout_buffer: queue.Queue = queue.Queue()
         self.metrics_queue: queue.Queue = queue.Queue()
+        self.reward_weights = reward_weights
         self.model_version = 0
-        self.cursor = 0  # next dataset row (our own resume state)
+        self.start_cursor = start_cursor  # the dataset row of this run's group 0 (resume)
+        self.cursor = start_cursor  # next dataset row to submit
+        self.good_samples = 0
+        self.error_samples = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -97,15 +106,38 @@ class PoolRolloutWorker:
         except BaseException as err:  # noqa: BLE001 - surfaced by check_health
             self._error = err
 
+    def dataset_position(self, trained_groups: set[int]) -> int:
+        """The dataset row of the first group not trained on yet (groups are numbered in
+        submission order from this run's start): where a resumed run starts."""
+        first_untrained = next(g for g in itertools.count() if g not in trained_groups)
+        return self.start_cursor + first_untrained
+
+    def _usable(self, group) -> list:
+        """The group's samples that can be trained on; error samples are counted and dropped."""
+        errors = [s for s in group.samples if s.finish_reason == "error"]
+        self.error_samples += len(errors)
+        good = [s for s in group.samples if s.finish_reason != "error"]
+        self.good_samples += len(good)
+        if errors and not self.good_samples:
+            raise RuntimeError(
+                f"every rollout sample so far ended in an error; the first: {errors[0].error}"
+            )
+        return good
+
     def _samples(self, group, row: dict) -> list:
-        completions = [self.formatter.completion(s.token_ids, row["prompt"]) for s in group.samples]
+        usable = self._usable(group)
+        self.metrics_queue.put({"rollout/error_samples": float(len(group.samples) - len(usable))})
+        if len(usable) < 2:  # no advantage without two samples to compare
+            return []
+        completions = [self.formatter.completion(s.token_ids, row["prompt"]) for s in usable]
         columns = {k: [v] * len(completions) for k, v in row.items() if k != "prompt"}
         scored = score_group(
             [row["prompt"]] * len(completions),
             completions,
-            [s.token_ids for s in group.samples],
+            [s.token_ids for s in usable],
             columns,
             self.reward_funcs,
+            self.reward_weights,
         )
         version = group.weight_versions[0]
         metrics = {
@@ -126,9 +158,7 @@ class PoolRolloutWorker:
                 group.group_id,
                 metrics,
             )
-            for s, completion, advantage in zip(
-                group.samples, completions, scored.advantages, strict=True
-            )
+            for s, completion, advantage in zip(usable, completions, scored.advantages, strict=True)
         ]
         if self.on_group is not None:
             self.on_group({"group": group, "rewards": scored.rewards, "metrics": metrics})
@@ -136,7 +166,7 @@ class PoolRolloutWorker:
             {
                 "rollout/staleness": float(self.model_version - version),
                 "rollout/group_latency_s": float(
-                    max(s.finished_at for s in group.samples) - group.metadata["submitted_at"]
+                    max(s.finished_at for s in usable) - group.metadata["submitted_at"]
                 ),
             }
         )

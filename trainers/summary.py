@@ -4,6 +4,7 @@ step time split and memory. Written to <output_dir>/summary.json and printed."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from trainers.config import JobConfig, to_dict
@@ -37,17 +38,20 @@ class RewardLog:
 
 def job_summary(
     config: JobConfig,
-    trainer: Any,
-    transfer: Any,
-    rewards: RewardLog,
+    built: Any,
     actor_stats: dict[int, dict[str, float]],
     train_seconds: float,
     placement: Any,
-    wandb_dir: str,
+    out: Path,
 ) -> dict:
+    """`built`: the BuiltTrainer (trainer, weight transfer, reward log, worker)."""
     import torch
 
     from trainers.rollout_logging import step_time_split
+
+    trainer, transfer, rewards = built.trainer, built.transfer, built.rewards
+    if config.trainer.mode == "sync":  # TRL scored the groups itself: read its logged rewards
+        rewards.read_from_trl_log(trainer.state.log_history)
 
     tokens = sum(s["total_tokens"] for s in actor_stats.values())
     history = transfer.history
@@ -69,7 +73,8 @@ def job_summary(
         "trainer_peak_memory_gib": (
             torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
         ),
-        "wandb_dir": wandb_dir,
+        "error_samples": built.error_samples,
+        "wandb_dir": str(out / "wandb"),
         "mode": config.trainer.mode,
         "num_actors": placement.num_actors,
         "config": to_dict(config),

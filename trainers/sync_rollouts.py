@@ -50,6 +50,14 @@ def make_rollout_func(
             done[group.group_id] = group
         out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
         for group_id in groups:
+            failed = [s for s in done[group_id].samples if s.finish_reason == "error"]
+            if failed:
+                # trl.GRPOTrainer needs one completion per prompt: an error sample cannot be
+                # left out, and must never be trained on as an empty row.
+                raise RuntimeError(
+                    f"a rollout sample ended in an error: {failed[0].error}. trainer.mode=sync "
+                    "cannot leave it out; trainer.mode=streaming drops such samples"
+                )
             for sample in done[group_id].samples:
                 out["prompt_ids"].append(sample.prompt_token_ids)
                 out["completion_ids"].append(sample.token_ids)

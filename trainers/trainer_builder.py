@@ -34,6 +34,8 @@ class JobInputs:
     pool: Any
     weight_sync_backend: str
     on_cpu: bool
+    start_cursor: int = 0
+    """The dataset row to start from (a resumed run's saved position)."""
 
 
 @dataclass
@@ -42,6 +44,19 @@ class BuiltTrainer:
     transfer: Any
     """PoolWeightTransfer: its `history` holds every sync's time and logprob parity."""
     rewards: RewardLog
+    worker: Any = None
+    """Streaming mode's PoolRolloutWorker (None in sync mode)."""
+
+    def dataset_position(self) -> int | None:
+        """The dataset row a resumed run starts from (None: the trainer's own data loader
+        keeps the position, as in sync mode)."""
+        if self.worker is None:
+            return None
+        return self.worker.dataset_position(self.trainer._trained_groups)
+
+    @property
+    def error_samples(self) -> int:
+        return self.worker.error_samples if self.worker is not None else 0
 
 
 def build_trainer(job: JobInputs) -> BuiltTrainer:
@@ -54,16 +69,19 @@ def build_trainer(job: JobInputs) -> BuiltTrainer:
         max_tokens=t.max_completion_length, temperature=t.temperature, n=t.num_generations
     )
     rewards = RewardLog()
+    worker = None
     if t.mode == "streaming":
-        trainer = _streaming_trainer(job, sampling, transfer, rewards)
+        trainer, worker = _streaming_trainer(job, sampling, transfer, rewards)
     else:
         trainer = _sync_trainer(job, sampling, transfer)
     probe.attach(trainer.model)
-    return BuiltTrainer(trainer, transfer, rewards)
+    return BuiltTrainer(trainer, transfer, rewards, worker)
 
 
 def _streaming_trainer(job: JobInputs, sampling: SamplingParams, transfer, rewards: RewardLog):
     from trainers import streaming_rollouts, trl_adapter
+
+    weights = job.config.reward_weights
 
     worker = streaming_rollouts.PoolRolloutWorker(
         job.pool,
@@ -73,11 +91,14 @@ def _streaming_trainer(job: JobInputs, sampling: SamplingParams, transfer, rewar
         sampling,
         max_inflight_groups=job.config.trainer.prompts_per_step,
         on_group=rewards.add,
+        start_cursor=job.start_cursor,
+        reward_weights=list(weights) if weights is not None else None,
     )
     args = trl_args(job.config, job.out, job.on_cpu) | streaming_trl_args(job.config)
-    return trl_adapter.build_async_trainer(
+    trainer = trl_adapter.build_async_trainer(
         job.model_path, job.tokenizer, job.dataset, job.reward_funcs, worker, transfer, args
     )
+    return trainer, worker
 
 
 def _sync_trainer(job: JobInputs, sampling: SamplingParams, transfer):
@@ -94,6 +115,8 @@ def _sync_trainer(job: JobInputs, sampling: SamplingParams, transfer):
         gradient_accumulation_steps=samples // config.sync_micro_batch,
         model_init_kwargs={"dtype": t.dtype},
     )
+    if config.reward_weights is not None:
+        args["reward_weights"] = list(config.reward_weights)
     return trl_adapter.build_sync_trainer(
         job.model_path, job.tokenizer, job.dataset, job.reward_funcs, rollout_func, args
     )
@@ -118,7 +141,11 @@ def trl_args(config: JobConfig, out: Path, on_cpu: bool) -> dict:
         report_to=[] if config.wandb.mode == "disabled" else ["wandb"],
         run_name=out.name,
         seed=config.seed,
-        save_strategy="no",
+        # Checkpoints: transformers' own (model, optimizer, scheduler, step, RNG states); the
+        # rollout side's state is added by trainers.checkpoints.
+        save_strategy="steps" if config.save_steps else "no",
+        save_steps=config.save_steps or 1,
+        save_total_limit=t.save_total_limit,
         bf16=t.dtype == "bfloat16",
         gradient_checkpointing=t.gradient_checkpointing,
         use_cpu=on_cpu,

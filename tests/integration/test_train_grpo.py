@@ -48,3 +48,128 @@ def test_two_grpo_steps_through_ray_actors(tmp_path, policy_dir, prompts_file, m
     ):
         assert key in written
     assert (tmp_path / "run" / "wandb").exists(), "W&B wrote its offline run under the output dir"
+
+
+def _tiny_job(tmp_path, policy_dir, prompts_file, name: str, *extra: str):
+    from trainers.config import load_config
+
+    return load_config(
+        None,
+        [
+            f"output_dir={tmp_path / name}",
+            f"model={policy_dir}",
+            f"dataset.source={prompts_file}",
+            "trainer.num_generations=2",
+            "trainer.prompts_per_step=2",
+            "trainer.max_completion_length=8",
+            "rollout.engine={max_model_len: 64, max_num_seqs: 16, num_kv_blocks: 64, block_size: 8}",
+            "wandb.mode=disabled",
+            *extra,
+        ],
+    )
+
+
+@pytest.mark.slow
+def test_resume_continues_steps_data_and_weights(tmp_path, policy_dir, prompts_file) -> None:
+    """4 steps with a checkpoint every 2, then a run resumed from the step-2 checkpoint: it
+    trains steps 3 and 4 only, starts at the saved dataset position, and its actors generate
+    with the restored weights (their logprobs match the restored trainer's forward)."""
+    from trainers.job import run_job
+
+    first = run_job(
+        _tiny_job(
+            tmp_path, policy_dir, prompts_file, "a", "trainer.max_steps=4", "trainer.save_steps=2"
+        )
+    )
+    assert first["steps"] == 4
+    names = sorted(p.rsplit("/", 1)[-1] for p in first["checkpoints"])
+    assert names == ["checkpoint-2", "checkpoint-4"]
+    step2 = tmp_path / "a" / "checkpoint-2"
+    saved = json.loads((step2 / "rollout_state.json").read_text())
+    assert saved["model_version"] >= 2 and saved["dataset_position"] >= 4  # 2 steps x 2 prompts
+
+    resumed = run_job(
+        _tiny_job(
+            tmp_path,
+            policy_dir,
+            prompts_file,
+            "b",
+            "trainer.max_steps=4",
+            f"trainer.resume_from_checkpoint={step2}",
+        )  # fmt: skip
+    )
+    assert resumed["resumed_from"] == str(step2)
+    assert resumed["steps"] == 4
+    assert resumed["dataset_position_at_start"] == saved["dataset_position"]
+    parity = [d for d in resumed["logprob_max_abs_diff"] if d is not None]
+    assert parity and parity[0] < 1e-4, "the actors got the restored weights before generating"
+    state = json.loads((tmp_path / "b" / "checkpoint-4" / "trainer_state.json").read_text())
+    trained_steps = [e["step"] for e in state["log_history"] if "loss" in e]
+    assert trained_steps == [1, 2, 3, 4]  # steps 1-2 come from the checkpoint's history
+    after = json.loads((tmp_path / "b" / "checkpoint-4" / "rollout_state.json").read_text())
+    assert after["dataset_position"] > saved["dataset_position"]
+    assert after["model_version"] > saved["model_version"]
+
+
+@pytest.mark.slow
+def test_the_final_model_loads_in_transformers_and_the_engine(
+    tmp_path, policy_dir, prompts_file
+) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rollout import EngineConfig, LLMEngine, SamplingParams
+    from trainers.job import run_job
+
+    summary = run_job(
+        _tiny_job(
+            tmp_path,
+            policy_dir,
+            prompts_file,
+            "final",
+            "trainer.max_steps=1",
+            "trainer.save_steps=0",
+        )
+    )
+    folder = summary["final_model"]
+    assert summary["checkpoints"] == [] and summary["plot"].endswith("training.png")
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    policy = AutoModelForCausalLM.from_pretrained(policy_dir)
+    shapes = {k: v.shape for k, v in policy.state_dict().items()}
+    assert {k: v.shape for k, v in model.state_dict().items()} == shapes
+    assert AutoTokenizer.from_pretrained(folder).eos_token == "w2"
+    engine = LLMEngine(EngineConfig(model=folder, device="cpu", max_model_len=64, max_num_seqs=2))
+    result = engine.generate(["w3 w4 w5"], SamplingParams(max_tokens=4, temperature=0))[0]
+    assert len(result.token_ids) > 0 and result.finish_reason in ("stop", "length")
+
+
+def test_a_missing_model_is_one_line_before_ray_starts(tmp_path) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, "scripts/train_grpo.py", f"output_dir={tmp_path}", "model=/nonexistent"],
+        cwd=root, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "model=/nonexistent" in result.stderr and "Traceback" not in result.stderr
+    assert "rollout actor" not in result.stdout, "the check came before Ray and the actors"
+
+
+@pytest.mark.slow
+def test_prompts_longer_than_the_engine_are_refused_at_start(
+    tmp_path, policy_dir, prompts_file
+) -> None:
+    from trainers.job import run_job
+    from trainers.preflight import JobInputError
+
+    config = _tiny_job(
+        tmp_path, policy_dir, prompts_file, "short",
+        "rollout.engine={max_model_len: 3, max_num_seqs: 4}", "trainer.token_budget=64",
+    )  # fmt: skip
+    with pytest.raises(JobInputError, match=r"12 of 12 prompts are too long.*max_model_len=3"):
+        run_job(config)
+    import ray
+
+    assert not ray.is_initialized()

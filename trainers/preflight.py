@@ -1,0 +1,107 @@
+"""Everything a job needs from the user, checked before Ray starts: the model folder, the dataset,
+the reward functions and the lengths. A mistake is a `JobInputError` with one line that names the
+key and what to change; `scripts/train_grpo.py` prints it without a traceback."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainers.config import JobConfig
+
+
+class JobInputError(ValueError):
+    """A user's input the job cannot run with; the message says which key and what to do."""
+
+
+@dataclass
+class CheckedInputs:
+    model_path: str
+    tokenizer: Any
+    dataset: Any
+    reward_funcs: list[Callable]
+    dropped_prompts: int
+
+
+def check_inputs(config: JobConfig) -> CheckedInputs:
+    from trainers.prompts import PromptFormatter
+
+    model_path = _model_path(config.model)
+    tokenizer = _tokenizer(model_path)
+    dataset = _dataset(config)
+    reward_funcs = _rewards(config)
+    dataset, dropped = _fitting_prompts(config, dataset, PromptFormatter(tokenizer))
+    return CheckedInputs(model_path, tokenizer, dataset, reward_funcs, dropped)
+
+
+def _model_path(model: str) -> str:
+    if model == "smollm2":
+        from rollout.builtin_models import smollm2_path
+
+        return str(smollm2_path())
+    path = Path(model).expanduser()
+    if not (path / "config.json").is_file():
+        where = "is not a folder" if not path.is_dir() else "has no config.json"
+        raise JobInputError(
+            f"model={model}: {path} {where}. Give a local Hugging Face model folder (config.json, "
+            "weights, tokenizer), or model=smollm2 for the built-in SmolLM2-135M-Instruct"
+        )
+    return str(path)
+
+
+def _tokenizer(model_path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_path)
+    except Exception as err:  # noqa: BLE001 - any failure means the folder lacks a tokenizer
+        raise JobInputError(
+            f"model={model_path}: no tokenizer could be loaded from it ({type(err).__name__}); "
+            "save the model's tokenizer into the same folder"
+        ) from err
+
+
+def _dataset(config: JobConfig):
+    from trainers.datasets import load_prompt_dataset
+
+    try:
+        return load_prompt_dataset(config.dataset.source, config.dataset.num_examples, config.seed)
+    except (ValueError, RuntimeError) as err:
+        raise JobInputError(f"dataset.source={config.dataset.source}: {err}") from err
+
+
+def _rewards(config: JobConfig) -> list[Callable]:
+    from trainers.rewards import get_reward_functions
+
+    try:
+        return get_reward_functions(list(config.rewards))
+    except (ValueError, ImportError, AttributeError, TypeError, OSError) as err:
+        raise JobInputError(f"rewards: {err}") from err
+
+
+def _fitting_prompts(config: JobConfig, dataset, formatter) -> tuple[Any, int]:
+    """Prompts the engine can extend by at least one token; the others refuse the run, or are
+    dropped with a warning under dataset.drop_long_prompts."""
+    limit = config.max_sample_tokens
+    lengths = [len(formatter.prompt_ids(row["prompt"])) for row in dataset]
+    fits = [i for i, n in enumerate(lengths) if n < limit]
+    too_long = len(lengths) - len(fits)
+    if not too_long:
+        return dataset, 0
+    longest = max(lengths)
+    if not config.dataset.drop_long_prompts or not fits:
+        raise JobInputError(
+            f"{too_long} of {len(lengths)} prompts are too long for "
+            f"rollout.engine.max_model_len={limit} (the longest has {longest} tokens, and a "
+            "sample needs room for at least one new token): raise rollout.engine.max_model_len"
+            + (", or set dataset.drop_long_prompts=true to train on the others" if fits else "")
+        )
+    warnings.warn(
+        f"dataset.drop_long_prompts: dropped {too_long} of {len(lengths)} prompts longer than "
+        f"rollout.engine.max_model_len={limit} - 1 tokens",
+        stacklevel=2,
+    )
+    return dataset.select(fits), too_long
