@@ -158,21 +158,6 @@ def test_the_concise_example_loads_from_its_documented_entry(monkeypatch) -> Non
     assert values == [1.0, 1.0, 0.5, 0.0, 0.0]
 
 
-def test_the_async_example_scores_code_that_runs(monkeypatch) -> None:
-    monkeypatch.chdir(REPO)
-    fn = load_reward_function("examples/rewards/python_runs.py:python_runs", REWARD_FUNCTIONS)
-    assert fn.__name__ == "python_runs" and not _looks_async_to_trl(fn)
-    monkeypatch.setitem(fn.__wrapped__.__globals__, "TIMEOUT_S", 2.0)
-    completions = [
-        "Sum:\n```python\nassert 2 + 3 == 5\n```\nAnswer: 5",
-        "```python\nraise SystemExit(1 / 0)\n```",
-        "Answer: 4",
-        "```py\nwhile True:\n    pass\n```",
-        [{"role": "assistant", "content": "```python\nprint('chat')\n```"}],
-    ]
-    assert fn(prompts=["p"] * 5, completions=completions) == [1.0, 0.0, None, 0.0, 1.0]
-
-
 def _error(entry: str) -> str:
     with pytest.raises(ValueError) as info:
         load_reward_function(entry, REWARD_FUNCTIONS)
