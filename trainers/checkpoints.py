@@ -73,13 +73,28 @@ def wandb_run_id(out: Path) -> str:
 
 
 def rollout_state_callback(rollout_state: Any):
-    """A TrainerCallback that writes `rollout_state()` into each checkpoint as it is saved."""
+    """A TrainerCallback that writes `rollout_state()` into each checkpoint as it is saved, and
+    times each save (from the step's end to the saved folder, the step's log included) and
+    measures its size: `saves` holds (step, seconds, GiB)."""
+    import time
+
     from transformers import TrainerCallback
 
     class RolloutStateCallback(TrainerCallback):
+        def __init__(self) -> None:
+            self.saves: list[tuple[int, float, float]] = []
+            self._step_end = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self._step_end = time.perf_counter()
+
         def on_save(self, args, state, control, **kwargs):
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if folder.is_dir():
-                (folder / ROLLOUT_STATE).write_text(json.dumps(rollout_state(), indent=1))
+            if not folder.is_dir():
+                return
+            (folder / ROLLOUT_STATE).write_text(json.dumps(rollout_state(), indent=1))
+            size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+            seconds = time.perf_counter() - self._step_end
+            self.saves.append((state.global_step, round(seconds, 2), round(size / 2**30, 3)))
 
     return RolloutStateCallback()

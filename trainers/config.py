@@ -268,10 +268,20 @@ def _build(cls, values: dict, prefix: str):
         elif name == "rewards":
             kwargs[name] = (value,) if isinstance(value, str) else tuple(value)
         elif name == "reward_weights" and value is not None:
-            kwargs[name] = tuple(float(w) for w in value)
+            kwargs[name] = tuple(_number(w, f"{prefix}{name}") for w in value)
+        elif "float" in str(f.type) and isinstance(value, str):
+            kwargs[name] = _number(value, f"{prefix}{name}")
         else:
             kwargs[name] = value
     return cls(**kwargs)
+
+
+def _number(value: Any, key: str) -> float:
+    """YAML reads `1e-5` (no dot) as a string; take it as the number it means."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key} must be a number; got {value!r}") from None
 
 
 def to_dict(config: JobConfig) -> dict:

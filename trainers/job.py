@@ -96,13 +96,17 @@ def run_job(config: JobConfig) -> dict:
                 )
             )
             trainer = built.trainer
-            attach_callbacks(built, pool, config, stop)
+            saver = attach_callbacks(built, pool, config, stop)
             seconds = train(trainer, config, resume)
             final_model = save_final_model(trainer, inputs.tokenizer, out)
             summary = job_summary(config, built, pool.stats(), seconds, placement, out)
             summary.update(
                 final_model=str(final_model),
                 checkpoints=[str(c) for c in checkpoints(out)],
+                checkpoint_saves=[
+                    {"step": step, "seconds": seconds, "gib": gib}
+                    for step, seconds, gib in saver.saves
+                ],
                 resumed_from=str(resume) if resume else None,
                 dataset_position_at_start=saved.get("dataset_position") or 0,
                 stopped_by=stop.requested,
@@ -118,9 +122,10 @@ def run_job(config: JobConfig) -> dict:
             pool.shutdown()
 
 
-def attach_callbacks(built, pool, config: JobConfig, stop: GracefulStop) -> None:
+def attach_callbacks(built, pool, config: JobConfig, stop: GracefulStop):
     """The rollout side's metrics in every log, one console line per step instead of
-    transformers' dicts, the stop on a signal, and the rollout state in every checkpoint."""
+    transformers' dicts, the stop on a signal, and the rollout state in every checkpoint;
+    returns the last, whose `saves` time each checkpoint."""
     trainer = built.trainer
     if hasattr(trainer, "model_version"):  # the streaming trainer counts versions like the pool
         trainer.model_version = pool.version
@@ -128,15 +133,15 @@ def attach_callbacks(built, pool, config: JobConfig, stop: GracefulStop) -> None
     quiet_default_printing(trainer)
     trainer.add_callback(console_callback(config.trainer.max_steps))
     trainer.add_callback(stop.callback(save=config.save_steps > 0))
-    trainer.add_callback(
-        rollout_state_callback(
-            lambda: {
-                "dataset_position": built.dataset_position(),
-                "model_version": pool.version,
-                "wandb_run_id": os.environ["WANDB_RUN_ID"],
-            }
-        )
+    saver = rollout_state_callback(
+        lambda: {
+            "dataset_position": built.dataset_position(),
+            "model_version": pool.version,
+            "wandb_run_id": os.environ["WANDB_RUN_ID"],
+        }
     )
+    trainer.add_callback(saver)
+    return saver
 
 
 def save_final_model(trainer, tokenizer, out: Path) -> Path:

@@ -84,6 +84,8 @@ def test_resume_continues_steps_data_and_weights(tmp_path, policy_dir, prompts_f
     assert first["steps"] == 4
     names = sorted(p.rsplit("/", 1)[-1] for p in first["checkpoints"])
     assert names == ["checkpoint-2", "checkpoint-4"]
+    assert [s["step"] for s in first["checkpoint_saves"]] == [2, 4]
+    assert all(s["gib"] > 0 and s["seconds"] > 0 for s in first["checkpoint_saves"])
     step2 = tmp_path / "a" / "checkpoint-2"
     saved = json.loads((step2 / "rollout_state.json").read_text())
     assert saved["model_version"] >= 2 and saved["dataset_position"] >= 4  # 2 steps x 2 prompts
@@ -173,3 +175,52 @@ def test_prompts_longer_than_the_engine_are_refused_at_start(
     import ray
 
     assert not ray.is_initialized()
+
+
+def _ray_processes() -> set[int]:
+    import subprocess
+
+    listing = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    marks = ("raylet", "gcs_server", "ray::", "default_worker.py")
+    return {int(line.split()[0]) for line in listing.splitlines() if any(m in line for m in marks)}
+
+
+@pytest.mark.slow
+def test_sigterm_stops_at_a_step_end_with_a_checkpoint_and_no_processes_left(
+    tmp_path, policy_dir, prompts_file
+) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    before = _ray_processes()
+    out = tmp_path / "stopped"
+    job = subprocess.Popen(
+        [
+            sys.executable, "scripts/train_grpo.py", f"output_dir={out}", f"model={policy_dir}",
+            f"dataset.source={prompts_file}", "trainer.max_steps=200", "trainer.num_generations=2",
+            "trainer.prompts_per_step=2", "trainer.max_completion_length=8", "wandb.mode=disabled",
+            "rollout.engine={max_model_len: 64, max_num_seqs: 16, num_kv_blocks: 64, block_size: 8}",
+        ],
+        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    seen = []
+    for line in job.stdout:
+        seen.append(line)
+        if line.startswith("[step 1/200]"):
+            break
+    assert seen and seen[-1].startswith("[step 1/200]"), "".join(seen[-30:])
+    job.send_signal(signal.SIGTERM)
+    start = time.monotonic()
+    rest, _ = job.communicate(timeout=180)
+    assert job.returncode == 0, rest[-3000:]
+    assert time.monotonic() - start < 120
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_by"] == "SIGTERM" and 1 <= summary["steps"] < 200
+    assert (out / f"checkpoint-{summary['steps']}" / "rollout_state.json").is_file()
+    assert Path(summary["final_model"]).is_dir()
+    time.sleep(2)
+    assert _ray_processes() <= before, "Ray's processes ended with the job"

@@ -55,3 +55,143 @@ def test_reward_log_reads_first_and_last_version_means() -> None:
     assert log.mean_at(first=False) == 0.5
     log.read_from_trl_log([{"loss": 1.0}, {"reward": 0.25}, {"reward": 0.75}])
     assert log.mean_at(first=True) == 0.25 and log.mean_at(first=False) == 0.75
+
+
+# ---- checkpoints ------------------------------------------------------------------------------
+
+
+def test_resume_latest_picks_the_newest_complete_checkpoint(tmp_path) -> None:
+    from trainers.checkpoints import checkpoints, resolve_resume
+
+    for step in (2, 10, 4):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        (folder / "trainer_state.json").write_text("{}")
+    (tmp_path / "checkpoint-12").mkdir()  # being written when the run died: no trainer state
+    assert [p.name for p in checkpoints(tmp_path)][:3] == [
+        "checkpoint-2",
+        "checkpoint-4",
+        "checkpoint-10",
+    ]
+    assert resolve_resume("latest", tmp_path).name == "checkpoint-10"
+    assert resolve_resume(str(tmp_path / "checkpoint-4"), tmp_path).name == "checkpoint-4"
+    assert resolve_resume(None, tmp_path) is None
+
+
+def test_resume_errors_say_what_to_do(tmp_path) -> None:
+    from trainers.checkpoints import resolve_resume
+    from trainers.preflight import JobInputError
+
+    with pytest.raises(JobInputError, match="no checkpoint under"):
+        resolve_resume("latest", tmp_path)
+    with pytest.raises(JobInputError, match="not a checkpoint folder"):
+        resolve_resume(str(tmp_path / "nowhere"), tmp_path)
+
+
+def test_the_wandb_run_id_is_made_once_per_output_dir(tmp_path) -> None:
+    from trainers.checkpoints import wandb_run_id
+
+    first = wandb_run_id(tmp_path)
+    assert len(first) == 12 and wandb_run_id(tmp_path) == first
+    (tmp_path / "other").mkdir()
+    assert wandb_run_id(tmp_path / "other") != first
+
+
+# ---- the console line -------------------------------------------------------------------------
+
+
+def test_the_step_line_shows_what_a_person_watches() -> None:
+    from trainers.console import step_line
+
+    logs = {
+        "reward": 0.625,
+        "rewards/answer_format/mean": 0.81,
+        "rewards/answer_format/std": 0.2,
+        "rollout/tokens_per_s": 1234.5,
+        "rollout/staleness": 0.5,
+        "rollout/weight_sync_s": 0.714,
+        "perf/step_s": 31.2,
+        "loss": 0.01,
+    }
+    line = step_line(logs, 3, 8, step_s=99.0)
+    assert line == (
+        "[step 3/8] reward 0.62 (answer_format 0.81) | rollout 1,234 tok/s | staleness 0.5 | "
+        "sync 0.71 s | step 31.2 s"
+    )
+    assert step_line({"loss": 1.0}, 1, 2, step_s=4.0) == "[step 1/2] step 4.0 s"
+
+
+# ---- start-up checks and error samples --------------------------------------------------------
+
+
+class WordFormatter:
+    def prompt_ids(self, prompt: str) -> list[int]:
+        return list(range(len(prompt.split())))
+
+
+def _config(*overrides: str):
+    from trainers.config import load_config
+
+    return load_config(None, ["rollout.engine={max_model_len: 4}", *overrides])
+
+
+def test_too_long_prompts_refuse_the_run_or_are_dropped_when_asked() -> None:
+    import datasets
+
+    from trainers.preflight import JobInputError, _fitting_prompts
+
+    rows = datasets.Dataset.from_dict({"prompt": ["a b", "a b c d e", "a b c", "a b c d"]})
+    with pytest.raises(
+        JobInputError, match=r"2 of 4 prompts are too long .*longest has 5.*drop_long"
+    ):
+        _fitting_prompts(_config(), rows, WordFormatter())
+    with pytest.warns(UserWarning, match="dropped 2 of 4"):
+        kept, dropped = _fitting_prompts(
+            _config("dataset.drop_long_prompts=true"), rows, WordFormatter()
+        )
+    assert dropped == 2 and kept["prompt"] == ["a b", "a b c"]
+
+
+def _group(reasons: list[str]):
+    samples = [
+        SimpleNamespace(finish_reason=r, error="prompt has 9 tokens" if r == "error" else None)
+        for r in reasons
+    ]
+    return SimpleNamespace(samples=samples)
+
+
+def test_error_samples_are_counted_and_left_out() -> None:
+    from trainers.streaming_rollouts import PoolRolloutWorker
+
+    worker = PoolRolloutWorker(None, [], None, [], None, max_inflight_groups=1)
+    assert len(worker._usable(_group(["stop", "length"]))) == 2
+    kept = worker._usable(_group(["error", "stop", "stop"]))
+    assert [s.finish_reason for s in kept] == ["stop", "stop"]
+    assert (worker.good_samples, worker.error_samples) == (4, 1)
+
+
+def test_a_run_whose_first_samples_all_fail_stops_with_the_error() -> None:
+    from trainers.streaming_rollouts import PoolRolloutWorker
+
+    worker = PoolRolloutWorker(None, [], None, [], None, max_inflight_groups=1)
+    with pytest.raises(
+        RuntimeError, match="every rollout sample so far ended in an error.*9 tokens"
+    ):
+        worker._usable(_group(["error", "error"]))
+
+
+def test_the_dataset_position_is_the_first_untrained_group() -> None:
+    from trainers.streaming_rollouts import PoolRolloutWorker
+
+    worker = PoolRolloutWorker(None, [], None, [], None, max_inflight_groups=1, start_cursor=10)
+    assert worker.dataset_position(set()) == 10
+    assert worker.dataset_position({0, 1, 2, 4}) == 13  # group 3 is still in flight
+
+
+def test_yaml_numbers_without_a_dot_are_numbers() -> None:
+    from trainers.config import load_config
+
+    config = load_config(None, ["trainer.learning_rate=1e-5"])
+    assert config.trainer.learning_rate == 1e-5
+    with pytest.raises(ValueError, match="trainer.learning_rate must be a number"):
+        load_config(None, ["trainer.learning_rate=fast"])
