@@ -32,14 +32,17 @@ class TrainerConfig:
     mode: str = "streaming"
     """"streaming": TRL's AsyncGRPOTrainer fed as groups finish; "sync": trl.GRPOTrainer with
     rollout_func (generation and training alternate)."""
-    max_steps: int = 8
-    learning_rate: float = 2e-6
+    max_steps: int = 12
+    learning_rate: float = 5e-5
+    """The CPU demo's: high for GRPO, so that a 135M model visibly learns the answer format in
+    12 steps; GPU recipes use ~1e-6."""
     num_generations: int = 4
     """G: samples per prompt, normalised against each other."""
     prompts_per_step: int = 4
     """Prompt groups per optimizer step (samples per step = prompts_per_step x num_generations)."""
     max_completion_length: int = 48
-    temperature: float = 1.0
+    temperature: float = 0.7
+    """Sampling temperature of the rollouts (and of the trainer's logprobs)."""
     max_staleness: int = 2
     """Streaming: samples generated more than this many weight versions ago are dropped."""
     weight_sync_steps: int = 1

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,15 +37,17 @@ def test_ray_job_submit_runs_the_job(tmp_path) -> None:
         for step in steps:
             done = _run(step, env, timeout=180)
             assert done.returncode == 0, done.stdout + done.stderr
-        job = _run(
-            [
-                RAY, "job", "submit", "--address", "http://127.0.0.1:8265", "--working-dir", ".",
-                "--", sys.executable, "scripts/train_grpo.py", "--config", "configs/default.yaml",
-                "trainer.max_steps=1", f"output_dir={out}", "wandb.mode=disabled",
-            ],
-            env,
-            timeout=900,
-        )  # fmt: skip
+        submit = [
+            RAY, "job", "submit", "--address", "http://127.0.0.1:8265", "--working-dir", ".",
+            "--", sys.executable, "scripts/train_grpo.py", "--config", "configs/default.yaml",
+            "trainer.max_steps=1", f"output_dir={out}", "wandb.mode=disabled",
+        ]  # fmt: skip
+        deadline = time.monotonic() + 120
+        while True:  # the head's job agent comes up a little after `ray start` returns
+            job = _run(submit, env, timeout=900)
+            if "No available agent" not in job.stderr or time.monotonic() > deadline:
+                break
+            time.sleep(5)
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
         assert "succeeded" in job.stdout
         summary = json.loads((out / "summary.json").read_text())

@@ -111,6 +111,7 @@ def test_resume_continues_steps_data_and_weights(tmp_path, policy_dir, prompts_f
     after = json.loads((tmp_path / "b" / "checkpoint-4" / "rollout_state.json").read_text())
     assert after["dataset_position"] > saved["dataset_position"]
     assert after["model_version"] > saved["model_version"]
+    assert after["wandb_run_id"] == saved["wandb_run_id"], "the resumed run logs into the same run"
 
 
 @pytest.mark.slow
