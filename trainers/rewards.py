@@ -102,14 +102,21 @@ def exact_answer(
 
 
 def answer_format(prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
-    """1.0 if the last non-empty line is ``Answer: <number>``, 0.5 if a number appears elsewhere,
-    0.0 if the completion has no number at all."""
+    """1.0 if the last non-empty line is ``Answer: <number>``; 0.75 if ``Answer: <number>``
+    appears elsewhere (inside a sentence, or followed by more text); 0.5 if only a number appears;
+    0.0 if the completion has no number at all.
+
+    The middle step is there for learning: a small model writes the answer line inside its
+    prose several times more often than alone at the end, so the graded reward gives GRPO a
+    difference to learn from long before the exact format shows up."""
     rewards = []
     for completion in completions:
         text = completion_text(completion)
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         if lines and _ANSWER_LINE_RE.fullmatch(lines[-1]):
             rewards.append(1.0)
+        elif _ANSWER_LINE_RE.search(text):
+            rewards.append(0.75)
         elif last_number(text) is not None:
             rewards.append(0.5)
         else:

@@ -91,10 +91,11 @@ def test_answer_format_levels() -> None:
         "ANSWER : -1,000.",
         "The answer is 4",  # a number, but not as 'Answer: <number>'
         "Answer: 4\nHope that helps",  # the form is there but not on the last line
+        "So the total is 6. Answer: 6",  # the form inside a sentence
         "Answer: four",
         "",
     ]
-    assert answer_format(None, completions) == [1.0, 1.0, 0.5, 0.5, 0.0, 0.0]
+    assert answer_format(None, completions) == [1.0, 1.0, 0.5, 0.75, 0.75, 0.0, 0.0]
 
 
 def test_answer_format_chat_completions() -> None:
