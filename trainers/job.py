@@ -59,7 +59,8 @@ def run_job(config: JobConfig) -> dict:
         # error instead of starving the actor's KV cache.
         torch.cuda.set_per_process_memory_fraction(placement.trainer_memory_fraction, 0)
     stop = GracefulStop()
-    with stop.installed(), ray_session(config, placement):
+    # Ray installs its own SIGTERM handler when it starts: ours goes in after it.
+    with ray_session(config, placement), stop.installed():
         engine = EngineConfig(
             model=inputs.model_path,
             seed=config.seed,
