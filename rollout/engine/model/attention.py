@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import torch
 import torch._dynamo
 
-from rollout.engine.model.capabilities import check_attention_call, check_window
+from rollout.engine.model.attention_checks import check_attention_call, check_window
 from rollout.engine.model.forward_context import get_forward_context
 
 ATTENTION_NAME = "rollout_paged"
