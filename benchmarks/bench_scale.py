@@ -191,6 +191,7 @@ def main(argv: list[str] | None = None) -> None:
         separate = sync and num_gpus > 1
         with ray_sees(list(range(1, num_gpus)) if separate else None):
             ray.init(
+                address="local",
                 num_gpus=num_gpus - 1 if separate else num_gpus,
                 include_dashboard=False,
                 configure_logging=False,

@@ -110,7 +110,8 @@ class JobConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     ray_address: str | None = None
-    """None: start Ray locally (or join the cluster a `ray job submit` runs us in)."""
+    """None: start a Ray of our own (or join the cluster a `ray job submit` runs us in);
+    "auto" joins the cluster `ray start` runs on this machine; or a cluster's address."""
 
     @property
     def save_steps(self) -> int:

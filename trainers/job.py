@@ -181,7 +181,8 @@ def ray_session(config: JobConfig, placement) -> Iterator[None]:
     joining = bool(config.ray_address or os.environ.get("RAY_ADDRESS"))
     with ray_sees(None if joining else placement.ray_gpus):
         ray.init(
-            address=config.ray_address,
+            # Not joining: a Ray of its own, even when `ray start` left one running here.
+            address=(config.ray_address or None) if joining else "local",
             ignore_reinit_error=True,
             include_dashboard=False,
             log_to_driver=False,

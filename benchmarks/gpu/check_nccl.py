@@ -113,7 +113,7 @@ def check_ray_placement() -> str:
     from trainers.placement import ray_sees
 
     with ray_sees([1]):
-        ray.init(num_gpus=1, include_dashboard=False, configure_logging=False)
+        ray.init(address="local", num_gpus=1, include_dashboard=False, configure_logging=False)
     try:
 
         @ray.remote(num_gpus=1)

@@ -53,7 +53,7 @@ def test_nccl_sync_to_an_actor_on_another_gpu(policy_dir) -> None:
     from trainers.placement import ray_sees
 
     with ray_sees([1]):  # the actor on GPU 1, the trainer keeps GPU 0 (as the job places them)
-        ray.init(num_gpus=1, include_dashboard=False, configure_logging=False)
+        ray.init(address="local", num_gpus=1, include_dashboard=False, configure_logging=False)
     _sync_twice_and_compare(policy_dir, gpus_per_actor=1.0, backend="nccl", actor_gpu="1")
 
 
@@ -61,7 +61,7 @@ def test_cuda_ipc_sync_to_an_actor_sharing_the_trainers_gpu(policy_dir) -> None:
     from trainers.placement import ray_sees
 
     with ray_sees([0]):  # the actor on GPU 0 with the trainer, as the job places them on one GPU
-        ray.init(num_gpus=1, include_dashboard=False, configure_logging=False)
+        ray.init(address="local", num_gpus=1, include_dashboard=False, configure_logging=False)
     _sync_twice_and_compare(policy_dir, gpus_per_actor=0.5, backend="cuda_ipc", actor_gpu="0")
 
 

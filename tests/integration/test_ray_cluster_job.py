@@ -15,6 +15,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).parent / "ray")
+_OWN_RAY = """
+import ray
+from trainers.config import JobConfig
+from trainers.job import ray_session
+from trainers.placement import plan_placement
+config = JobConfig()
+# The one-GPU placement: a Ray started here is given the GPU count, which a join refuses.
+with ray_session(config, plan_placement(config.rollout, 1)):
+    address = ray.get_runtime_context().gcs_address
+    assert not address.endswith(":6379"), f"joined the head at {address}"
+    print("own ray at", address)
+"""
 
 
 def _run(args: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
@@ -53,5 +65,9 @@ def test_ray_job_submit_runs_the_job(tmp_path) -> None:
         summary = json.loads((out / "summary.json").read_text())
         assert summary["steps"] == 1 and summary["num_actors"] == 1
         assert Path(summary["final_model"]).is_dir()
+        # A run without `ray_address` beside that head starts a Ray of its own, not a join that
+        # Ray refuses for the resources the run asks for.
+        own = _run([sys.executable, "-c", _OWN_RAY], env, timeout=300)
+        assert own.returncode == 0 and "own ray" in own.stdout, own.stdout + own.stderr[-3000:]
     finally:
         _run([RAY, "stop", "--force"], env, timeout=120)
