@@ -22,6 +22,8 @@ def tiny_model(arch: str, seed: int = 0, eos_token_id: int | None = None):
         Qwen2ForCausalLM,
         Qwen3Config,
         Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
     )
 
     common = dict(
@@ -41,6 +43,16 @@ def tiny_model(arch: str, seed: int = 0, eos_token_id: int | None = None):
         "llama": (LlamaConfig, LlamaForCausalLM, {}),
         "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
         "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 16}),
+        "qwen3_moe": (
+            Qwen3MoeConfig,
+            Qwen3MoeForCausalLM,
+            {
+                "head_dim": 16,
+                "moe_intermediate_size": 32,
+                "num_experts": 8,
+                "num_experts_per_tok": 2,
+            },
+        ),
     }
     config_class, model_class, extra = classes[arch]
     torch.manual_seed(seed)
@@ -75,6 +87,15 @@ def policy_dir(tmp_path_factory) -> str:
     """A saved tiny Llama (EOS = w2) with the word tokenizer: a policy the GRPO job can load."""
     path = tmp_path_factory.mktemp("tiny-policy")
     tiny_model("llama", seed=5, eos_token_id=EOS).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def moe_policy_dir(tmp_path_factory) -> str:
+    """The same with a tiny Qwen3-MoE (8 experts, top-2)."""
+    path = tmp_path_factory.mktemp("tiny-moe-policy")
+    tiny_model("qwen3_moe", seed=5, eos_token_id=EOS).save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)
     return str(path)
 

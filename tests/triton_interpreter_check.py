@@ -9,8 +9,8 @@ import sys
 import torch
 import triton.runtime.interpreter as interpreter
 
+from rollout.kernels import torch_moe, triton_linear, triton_moe
 from rollout.kernels import torch_paged_attention as twin
-from rollout.kernels import triton_linear
 from rollout.kernels import triton_paged_attention as kernels
 from tests.kernel_cases import make_case
 
@@ -133,6 +133,25 @@ def check_decode_linear() -> float:
     return worst
 
 
+def check_fused_experts() -> float:
+    """Experts picked by many, one and no tokens (an expert with more pairs than BLOCK_M loops),
+    ragged hidden and intermediate sizes (masked tails)."""
+    g = torch.Generator().manual_seed(0)
+    worst = 0.0
+    cases = [(5, 8, 2, 40, 24, 0.0), (40, 8, 2, 64, 80, 6.0), (40, 4, 2, 64, 80, 0.0)]
+    for tokens, experts, top_k, hidden, inter, skew in cases:
+        x = torch.randn(tokens, hidden, generator=g)
+        logits = torch.randn(tokens, experts, generator=g)
+        logits[:, 0] += skew  # every token picks expert 0: 40 pairs, over BLOCK_M (16)
+        weights, index = torch.softmax(logits, -1).topk(top_k, dim=-1)
+        gate_up = torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5
+        down = torch.randn(experts, hidden, inter, generator=g) / inter**0.5
+        got = triton_moe.fused_experts(x, index, weights, gate_up, down)
+        want = torch_moe.fused_experts_reference(x, index, weights, gate_up, down)
+        worst = max(worst, (got - want).abs().max().item())
+    return worst
+
+
 if __name__ == "__main__":
     failed = False
     for name, check in [
@@ -141,6 +160,7 @@ if __name__ == "__main__":
         ("window/softcap/sinks", check_variants),
         ("write_kv", check_write_kv),
         ("decode_linear", check_decode_linear),
+        ("fused_experts", check_fused_experts),
     ]:
         error = check()
         print(f"{name}: max |triton - twin| = {error:.3g}")

@@ -49,6 +49,10 @@ class EngineConfig:
     """On CUDA (bf16/fp16), run the output, down and LM-head projections with our Triton GEMM
     when a step has at most 64 rows (decode); cuBLAS otherwise. Faster than cuBLAS for those
     shapes at decode's few rows (benchmarks/bench_gemm.py times both); set False to compare."""
+    fused_moe: bool = True
+    """On CUDA, run MoE experts (transformers' 3-D expert weights, SiLU-gated, no biases: Qwen2/3-MoE,
+    Mixtral, OLMoE, ...) with our fused Triton kernel, which reads each touched expert once per
+    step; other MoE models keep transformers' experts path. Set False to compare."""
     attention: str = "auto"
     """Paged attention backend: "triton" on CUDA, "torch" (the reference twin) elsewhere."""
     seed: int = 0

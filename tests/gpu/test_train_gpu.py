@@ -18,9 +18,13 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("trl")
 
 
-def test_three_grpo_steps_with_an_actor_on_the_gpu(tmp_path, policy_dir, prompts_file) -> None:
+@pytest.mark.parametrize("policy", ["policy_dir", "moe_policy_dir"])
+def test_three_grpo_steps_with_an_actor_on_the_gpu(tmp_path, policy, prompts_file, request) -> None:
+    """A dense and an MoE policy (the actor runs the MoE experts with the fused kernel)."""
     from trainers.config import load_config
     from trainers.job import run_job
+
+    policy_dir = request.getfixturevalue(policy)
 
     config = load_config(
         None,

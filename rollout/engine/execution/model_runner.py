@@ -30,6 +30,7 @@ from rollout.engine.model.attention import paged_attention_selected, register_pa
 from rollout.engine.model.capabilities import layer_windows
 from rollout.engine.model.compilation import compile_decoder_layers
 from rollout.engine.model.forward_context import ForwardContext, forward_context
+from rollout.engine.model.fused_experts import fused_experts_selected, select_fused_experts
 from rollout.engine.model.fused_projections import fuse_projections, route_decode_linears
 from rollout.engine.scheduling.step_inputs import StepInputs
 from rollout.kernels import resolve_attention_backend
@@ -86,6 +87,11 @@ class ModelRunner:
         # capabilities.check_forward: the layers that attended, one list per forward.
         self.layers_attended: list[list[int]] | None = None
         register_paged_attention()
+        # The configs whose experts run our fused kernel inside a step ([]: transformers' path).
+        self.fused_experts_configs: list = []
+        self.fused_experts_declined: str | None = None  # why an MoE model keeps its own path
+        if config.fused_moe and self.backend.name == "triton":
+            self.fused_experts_configs, self.fused_experts_declined = select_fused_experts(model)
         if config.fuse_projections:
             fuse_projections(model)  # before compiling: dynamo traces the fused forward
         if config.triton_linear and self.backend.name == "triton":  # CUDA, with triton installed
@@ -169,7 +175,11 @@ class ModelRunner:
             attended = []
             self.layers_attended.append(attended)
         context = ForwardContext(meta, self.kv_caches, self.backend, self.windows, attended)
-        with forward_context(context), paged_attention_selected(self.model):
+        with (
+            forward_context(context),
+            paged_attention_selected(self.model),
+            fused_experts_selected(self.fused_experts_configs),
+        ):
             logits = self.model(
                 input_ids=input_ids[None],
                 position_ids=dev["positions"][None],

@@ -1,0 +1,174 @@
+"""Fused MoE experts for CUDA: each touched expert's weights read once per step.
+
+At decode an MoE layer's tokens pick k of E experts each, so a step touches most experts with a
+few tokens apiece, and its time is the read of the touched experts' weights. The kernel sorts the
+step's token-expert pairs by expert (`torch_moe.sort_by_expert`, on the device, graph-safe) and
+runs two grouped launches over a grid of (expert, output-column block):
+
+1. gate/up: each program streams its expert's gate and up rows for its column block once and
+   multiplies every pair of that expert by them (BLOCK_M pairs at a time), then stores
+   SiLU(gate) * up for those pairs, in expert order.
+2. down: the same over the down projection, scaling each pair's row by its routing weight, and
+   storing it at the pair's own place; each token's k rows are then summed.
+
+Experts that no pair picked exit at once, so their weights are never read. Parameters stay the
+transformers model's own 3-D tensors (`gate_up_proj` [E, 2I, H], `down_proj` [E, H, I]), so weight
+sync and the trainer see the same names. It runs as the custom op `rollout::fused_experts`, opaque
+to torch.compile; `torch_moe.fused_experts_reference` is its twin.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rollout.kernels.torch_moe import sort_by_expert
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr, w_ptr, order_ptr, counts_ptr, starts_ptr, act_ptr,
+    H, INTER, TOP_K, stride_xt, stride_we, stride_wn, stride_at,
+    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    expert = tl.program_id(0)
+    count = tl.load(counts_ptr + expert)
+    if count == 0:
+        return
+    start = tl.load(starts_ptr + expert)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < INTER
+    w_gate = w_ptr + expert.to(tl.int64) * stride_we + offs_n[None, :] * stride_wn
+    w_up = w_gate + INTER * stride_wn
+    for m0 in range(0, count, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        m_mask = offs_m < count
+        pair = tl.load(order_ptr + start + offs_m, mask=m_mask, other=0)
+        x_rows = x_ptr + (pair // TOP_K).to(tl.int64)[:, None] * stride_xt
+        gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = offs_k < H
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            w_mask = k_mask[:, None] & n_mask[None, :]
+            wg = tl.load(w_gate + offs_k[:, None], mask=w_mask, other=0.0)
+            wu = tl.load(w_up + offs_k[:, None], mask=w_mask, other=0.0)
+            if IEEE:
+                gate = tl.dot(x, wg, gate, input_precision="ieee")
+                up = tl.dot(x, wu, up, input_precision="ieee")
+            else:
+                gate = tl.dot(x, wg, gate)
+                up = tl.dot(x, wu, up)
+        act = gate / (1.0 + tl.exp(-gate)) * up
+        rows = (start + offs_m).to(tl.int64)
+        tl.store(
+            act_ptr + rows[:, None] * stride_at + offs_n[None, :],
+            act.to(act_ptr.dtype.element_ty),
+            mask=m_mask[:, None] & n_mask[None, :],
+        )
+
+
+@triton.jit
+def _down_kernel(
+    act_ptr, w_ptr, order_ptr, counts_ptr, starts_ptr, weights_ptr, out_ptr,
+    H, INTER, stride_at, stride_we, stride_wn, stride_ot,
+    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    expert = tl.program_id(0)
+    count = tl.load(counts_ptr + expert)
+    if count == 0:
+        return
+    start = tl.load(starts_ptr + expert)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < H
+    w_cols = w_ptr + expert.to(tl.int64) * stride_we + offs_n[None, :] * stride_wn
+    for m0 in range(0, count, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        m_mask = offs_m < count
+        rows = (start + offs_m).to(tl.int64)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, INTER, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = offs_k < INTER
+            a = tl.load(
+                act_ptr + rows[:, None] * stride_at + offs_k[None, :],
+                mask=m_mask[:, None] & k_mask[None, :],
+                other=0.0,
+            )
+            w = tl.load(w_cols + offs_k[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+            if IEEE:
+                acc = tl.dot(a, w, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, w, acc)
+        pair = tl.load(order_ptr + start + offs_m, mask=m_mask, other=0)
+        routing = tl.load(weights_ptr + pair, mask=m_mask, other=0.0).to(tl.float32)
+        acc = acc * routing[:, None]
+        tl.store(
+            out_ptr + pair.to(tl.int64)[:, None] * stride_ot + offs_n[None, :],
+            acc.to(out_ptr.dtype.element_ty),
+            mask=m_mask[:, None] & n_mask[None, :],
+        )
+
+
+def supported(hidden_states: torch.Tensor, gate_up_proj: torch.Tensor) -> bool:
+    return (
+        hidden_states.is_cuda
+        and hidden_states.dtype in (torch.bfloat16, torch.float16, torch.float32)
+        and gate_up_proj.dtype == hidden_states.dtype
+    )
+
+
+def tiles(num_pairs: int, num_experts: int, dtype: torch.dtype) -> dict:
+    """Launch settings: BLOCK_M follows the pairs an expert gets on average (16 at decode, up to
+    64 for prefill chunks, where each expert has hundreds); fp32 (tests) takes smaller K tiles."""
+    per_expert = max(1, num_pairs // max(1, num_experts))
+    block_m = min(64, max(16, triton.next_power_of_2(per_expert)))
+    block_k = 32 if dtype == torch.float32 else 64
+    return dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=block_k, num_warps=4, num_stages=3)
+
+
+@torch.library.custom_op("rollout::fused_experts", mutates_args=())
+def fused_experts(
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+) -> torch.Tensor:
+    """The experts' output [T, H] for hidden_states [T, H] routed by top_k_index/weights [T, k]."""
+    num_tokens, hidden = hidden_states.shape
+    top_k = top_k_index.shape[-1]
+    num_experts, two_i, _ = gate_up_proj.shape
+    inter = two_i // 2
+    num_pairs = num_tokens * top_k
+    out = hidden_states.new_zeros(num_tokens, top_k, hidden)
+    if num_pairs == 0:
+        return out.sum(dim=1)
+    x = hidden_states.contiguous()
+    gate_up = gate_up_proj if gate_up_proj.stride(-1) == 1 else gate_up_proj.contiguous()
+    down = down_proj if down_proj.stride(-1) == 1 else down_proj.contiguous()
+    order, counts, starts = sort_by_expert(top_k_index, num_experts)
+    weights = top_k_weights.reshape(-1).contiguous()
+    act = hidden_states.new_empty(num_pairs, inter)
+    settings = tiles(num_pairs, num_experts, hidden_states.dtype)
+    ieee = hidden_states.dtype == torch.float32
+    block_n = settings["BLOCK_N"]
+    _gate_up_kernel[(num_experts, triton.cdiv(inter, block_n))](
+        x, gate_up, order, counts, starts, act,
+        hidden, inter, top_k, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
+        IEEE=ieee, **settings,
+    )  # fmt: skip
+    pair_out = out.view(num_pairs, hidden)
+    _down_kernel[(num_experts, triton.cdiv(hidden, block_n))](
+        act, down, order, counts, starts, weights, pair_out,
+        hidden, inter, act.stride(0), down.stride(0), down.stride(1), pair_out.stride(0),
+        IEEE=ieee, **settings,
+    )  # fmt: skip
+    return out.sum(dim=1)
+
+
+@fused_experts.register_fake
+def _(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj) -> torch.Tensor:
+    return hidden_states.new_empty(hidden_states.shape)
