@@ -60,6 +60,22 @@ def print_run(r: dict) -> None:
         f"cpu {fmt(r.get('cpu_ms_per_step'), '.2f')} ms/step",
         flush=True,
     )
+    if r.get("touched_expert_roofline_tokens_per_s") is not None:
+        print(
+            f"[bench]     touched-expert roofline "
+            f"{fmt(r['touched_expert_roofline_tokens_per_s'], ',.0f')} tok/s, "
+            f"reached {fmt(r.get('touched_expert_roofline_fraction'), '.1%')}",
+            flush=True,
+        )
+    if "regimes" in r:  # a grpo run
+        print(
+            f"[bench]     floor {fmt(r.get('floor_s'), '.2f')} s ({fmt(r.get('floor_fraction'), '.1%')}"
+            f" of the wall time), tail {r['tail_s']:.2f} s ({r['tail_share']:.1%}, "
+            f"{r['tail_steps']} steps), KV blocks {_blocks(r)}",
+            flush=True,
+        )
+        cells = [f"{name}: {_regime(reg)}" for name, reg in r["regimes"].items() if reg["steps"]]
+        print(f"[bench]     running {' | '.join(cells)}", flush=True)
 
 
 def print_table(report: dict) -> None:
@@ -80,3 +96,48 @@ def print_table(report: dict) -> None:
             f"| {fmt(r.get('roofline_tokens_per_s'), ',.0f')} | {fmt(r.get('roofline_fraction'), '.1%')} "
             f"| {fmt(r.get('peak_memory_gib'), '.1f')} |"
         )
+
+    grpo_runs = [r for r in report["runs"] if "regimes" in r]
+    if not grpo_runs:
+        return
+    names = [n for n in grpo_runs[0]["regimes"] if n != "0"]
+    print(
+        "\nBy samples running: steps x median ms/step (median floor ms/step); the tail is the "
+        f"steps with fewer than 8. Lengths {_lengths(grpo_runs[0]['lengths'])}."
+    )
+    print(
+        "| mode | floor s | of floor | tail s | tail share | KV blocks peak / one copy | "
+        + " | ".join(names)
+        + " |"
+    )
+    print("|---" * (6 + len(names)) + "|")
+    for r in grpo_runs:
+        print(
+            f"| {r['mode']} | {fmt(r.get('floor_s'), '.2f')} | {fmt(r.get('floor_fraction'), '.1%')} "
+            f"| {r['tail_s']:.2f} | {r['tail_share']:.1%} | {_blocks(r)} | "
+            + " | ".join(_regime(r["regimes"][n]) for n in names)
+            + " |"
+        )
+
+
+def _regime(regime: dict) -> str:
+    if not regime["steps"]:
+        return "-"
+    return (
+        f"{regime['steps']} x {fmt(regime['ms_per_step_median'], '.2f')} "
+        f"({fmt(regime['floor_ms_per_step_median'], '.2f')})"
+    )
+
+
+def _blocks(r: dict) -> str:
+    return (
+        f"{r['kv_blocks_peak']} / {r['kv_blocks_one_copy_peak']} "
+        f"({fmt(r.get('kv_blocks_ratio'), '.0%')})"
+    )
+
+
+def _lengths(lengths: dict) -> str:
+    return (
+        f"min {lengths['min']}, median {lengths['median']:.0f}, p90 {lengths['p90']:.0f}, "
+        f"max {lengths['max']}, {lengths['total']:,} tokens"
+    )

@@ -3,12 +3,21 @@
 A decode step reads every weight once (the embedding table only by row) plus the KV cache of every
 running sequence, so its time is at least (weight bytes + KV bytes) / bandwidth. Summing over the
 steps of a workload whose B sequences all run P prompt + N new tokens gives the best possible
-tokens/s. A sliding-window layer reads at most its window of each context. For an MoE model every
-expert counts: a decode batch of a few dozen rows routes to nearly all of them. The default bandwidth is the device-copy bandwidth (read + write) of one NVIDIA H200;
-docs/performance.md, 'The two numbers', has the figure and the rooflines it gives.
+tokens/s. A sliding-window layer reads at most its window of each context. For an MoE model
+`roofline_tokens_per_s` counts every expert (a decode batch of a few dozen rows routes to nearly
+all of them); `per_step_floor` counts only the experts a step's tokens are expected to touch, which
+is what a small batch (the tail of an RL rollout) reads. The default bandwidth is the device-copy
+bandwidth (read + write) of one NVIDIA H200; docs/performance.md, 'The two numbers', has the
+figure and the rooflines it gives.
 """
 
 from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
 
 H200_COPY_BANDWIDTH = 4.24e12  # bytes/s: one H200's device copy, read + write
 
@@ -60,3 +69,122 @@ def roofline_tokens_per_s(
         kv_tokens = num_seqs * sum(per_layer) / len(windows)
     seconds = (new_tokens * weight_bytes + kv_tokens * kv_per_token) / bandwidth
     return num_seqs * new_tokens / seconds
+
+
+class WeightSplit(NamedTuple):
+    """A model's per-step weight bytes split into what every step reads and the MoE experts."""
+
+    dense_bytes: int
+    """Everything but the experts, counted as `weight_bytes_per_step` counts it."""
+    expert_bytes: int
+    """All experts of all MoE layers (0 for a dense model)."""
+    num_experts: int
+    """Experts per MoE layer (0 for a dense model)."""
+    top_k: int
+    """Experts each token is routed to, per MoE layer (0 for a dense model)."""
+
+
+def weight_split(model) -> WeightSplit:
+    """Split `weight_bytes_per_step(model)` into non-expert and expert bytes. An experts module is
+    one holding 3-D `gate_up_proj` and `down_proj` parameters of its own: transformers 5 stores
+    an MoE layer's experts as [num_experts, ...] tensors; every parameter of that module (biases
+    too) belongs to the experts."""
+    experts = [m for m in model.modules() if _is_experts_module(m)]
+    total = weight_bytes_per_step(model)
+    if not experts:
+        return WeightSplit(total, 0, 0, 0)
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    num_experts = getattr(text, "num_experts", None) or getattr(text, "num_local_experts", None)
+    top_k = getattr(text, "num_experts_per_tok", None)
+    if not num_experts or not top_k:
+        raise ValueError(
+            f"{type(model).__name__} has experts modules but its config gives no "
+            "num_experts/num_local_experts or num_experts_per_tok"
+        )
+    expert_bytes = 0
+    seen = set()
+    for module in experts:
+        if module.gate_up_proj.shape[0] != num_experts:
+            raise ValueError(
+                f"experts tensor of {module.gate_up_proj.shape[0]} experts; config says {num_experts}"
+            )
+        for p in module.parameters():
+            if p.data_ptr() not in seen:
+                seen.add(p.data_ptr())
+                expert_bytes += p.numel() * p.element_size()
+    return WeightSplit(total - expert_bytes, expert_bytes, int(num_experts), int(top_k))
+
+
+def _is_experts_module(module) -> bool:
+    own = dict(module.named_parameters(recurse=False))
+    return all(name in own and own[name].dim() == 3 for name in ("gate_up_proj", "down_proj"))
+
+
+def expected_touched_experts(num_experts: int, top_k: int, num_tokens: int) -> float:
+    """Distinct experts one MoE layer reads for `num_tokens` tokens, as the expectation under
+    uniform routing (each token picks top_k distinct experts, all choices equally likely and
+    independent between tokens): a given expert escapes one token with probability 1 - k/E, so
+    E * (1 - (1 - k/E)^B) are touched. Real routers are skewed, which touches fewer."""
+    if num_tokens <= 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** num_tokens)
+
+
+def running_per_step(output_lens: Sequence[int]) -> np.ndarray:
+    """How many samples decode at step s = 0 .. max_len - 1 when all start together: those with
+    more than s new tokens."""
+    lengths = np.asarray(output_lens, dtype=np.int64)
+    if lengths.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    ended_by = np.cumsum(np.bincount(lengths, minlength=int(lengths.max()) + 1))  # length <= s
+    return lengths.size - ended_by[: int(lengths.max())]
+
+
+def per_step_floor(
+    prompt_lens: int | Sequence[int],
+    output_lens: Sequence[int],
+    dense_bytes: int,
+    kv_per_token: int,
+    windows: tuple[int | None, ...] | None = None,
+    expert_bytes: int = 0,
+    num_experts: int = 0,
+    top_k: int = 0,
+    bandwidth: float = H200_COPY_BANDWIDTH,
+) -> tuple[np.ndarray, float]:
+    """The bandwidth floor of each decode step of samples of unequal lengths that all start
+    decoding together (sample i: prompt_lens[i] prompt tokens, or one prompt length for all, and
+    output_lens[i] new tokens). Returns (seconds of step s for s = 0 .. max_len - 1, their sum).
+
+    Step s runs the samples with more than s new tokens (`running_per_step`). It reads the
+    non-expert weights once; for an MoE model (num_experts > 0) the experts its B running tokens
+    touch in each layer, `expected_touched_experts` (the uniform-routing expectation) of them, at
+    expert_bytes / num_experts each; and each running sample's live KV, a context of P + s
+    tokens, or min(P + s, window) in a windowed layer (`windows`: each layer's window, None for
+    full attention; `kv_per_token` covers all layers, each layer's share is 1 / len(windows)).
+    With equal lengths, a dense model and every expert counted, the sum is the time behind
+    `roofline_tokens_per_s`."""
+    lengths = np.asarray(output_lens, dtype=np.int64)
+    prompts = np.broadcast_to(np.asarray(prompt_lens, dtype=np.int64), lengths.shape)
+    # Longest first: the samples running at step s are then a prefix of the arrays.
+    order = np.argsort(-lengths, kind="stable")
+    prompts = prompts[order]
+    running = running_per_step(lengths)
+    layer_windows = Counter(windows if windows else (None,))
+    num_layers = sum(layer_windows.values())
+    kv_tokens = np.zeros(len(running))
+    for s, n in enumerate(running.tolist()):
+        contexts = prompts[:n] + s
+        kv_tokens[s] = (
+            sum(
+                count * (contexts.sum() if w is None else np.minimum(contexts, w).sum())
+                for w, count in layer_windows.items()
+            )
+            / num_layers
+        )
+    step_bytes = dense_bytes + kv_tokens * kv_per_token
+    if num_experts:
+        touched = np.array([expected_touched_experts(num_experts, top_k, n) for n in running])
+        step_bytes = step_bytes + expert_bytes * touched / num_experts
+    seconds = step_bytes / bandwidth
+    return seconds, float(seconds.sum())

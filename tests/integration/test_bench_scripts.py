@@ -30,6 +30,76 @@ def test_bench_rollout_smoke_writes_runs_and_a_plot(tmp_path, monkeypatch) -> No
     assert out.with_suffix(".png").exists()
 
 
+def test_bench_rollout_grpo_smoke_ends_every_sample_at_its_planned_length(
+    tmp_path, monkeypatch
+) -> None:
+    from benchmarks.lib.workloads import GRPO_WORKLOADS
+
+    monkeypatch.setenv("ROLLOUT_COMMIT", "abc1234")
+    out = tmp_path / "grpo.json"
+    _script("bench_rollout").main(["--workload", "grpo-smoke", "--json-out", str(out)])
+    report = json.loads(out.read_text())
+    workload = GRPO_WORKLOADS["grpo-smoke"]
+    lengths = workload.sample_lengths()
+    assert len(set(lengths)) > 1, "the smoke mix must have unequal lengths to test anything"
+    assert report["group_size"] == workload.group_size and report["new_tokens"] is None
+    assert [r["mode"] for r in report["runs"]] == ["sync", "overlap"]
+    for run in report["runs"]:
+        # The benchmark checks each completion against its plan; the total checks the plan.
+        assert run["tokens"] == sum(lengths) == run["lengths"]["total"]
+        assert (run["lengths"]["min"], run["lengths"]["max"]) == (min(lengths), max(lengths))
+        assert sum(r["steps"] for r in run["regimes"].values()) == run["steps"]
+        assert run["regimes"]["64+"]["steps"] == 0  # 16 samples in all
+        assert sum(r["floor_steps"] for r in run["regimes"].values()) == max(lengths)
+        assert run["steps"] >= max(lengths)  # one token per sample per step at most
+        assert 0 < run["tail_s"] <= run["wall_s"] and run["tail_steps"] > 0
+        # The prompts' blocks are shared by their samples: fewer than one copy per sample.
+        assert 0 < run["kv_blocks_peak"] < run["kv_blocks_one_copy_peak"]
+        assert run["floor_s"] is None  # CPU: no bandwidth floor
+    assert out.with_suffix(".png").exists()
+
+
+def test_bench_rollout_grpo_flags_override_only_what_is_given() -> None:
+    bench = _script("bench_rollout")
+    parse = bench.argparse.Namespace
+
+    def args(**given):
+        flags = {flag[2:].replace("-", "_"): None for flag, _, _ in bench.GRPO_FLAGS}
+        return parse(**{**flags, **given})
+
+    smoke = bench._resolve_workload("grpo-smoke", args(prompts=2, length_max=32))
+    assert (smoke.num_prompts, smoke.length_max, smoke.shape) == (2, 32, "tiny")
+    assert (smoke.group_size, smoke.prompt_len, smoke.device) == (4, 16, "cpu")
+    grpo = bench._resolve_workload("grpo", args())
+    assert (grpo.shape, grpo.num_prompts, grpo.group_size, grpo.prompt_len) == (
+        "qwen3-8b",
+        16,
+        8,
+        600,
+    )
+    assert grpo.max_model_len == 600 + 16384 + 16
+    with pytest.raises(SystemExit, match="only for the grpo workloads"):
+        bench._resolve_workload("w1", args(group_size=4))
+    with pytest.raises(SystemExit, match="unknown shape"):
+        bench._resolve_workload("grpo", args(shape="no-such-shape"))
+    with pytest.raises(SystemExit, match="length_min"):
+        bench._resolve_workload("grpo", args(length_min=1))
+
+
+def test_bench_rollout_length_plan_check_names_a_sample_off_its_plan() -> None:
+    from rollout.engine.scheduling.sequence import Completion
+
+    plan = _script("bench_rollout").LengthPlan(scheduler=None)
+    plan.add("r0", 0, [3, 5])
+    done = [Completion(0, [1], [7] * 3, [0.0] * 3, "length", request_id="r0")]
+    plan.check(done, expect_all=False)
+    with pytest.raises(AssertionError, match="completions for 2 planned"):
+        plan.check(done, expect_all=True)
+    done.append(Completion(1, [1], [7] * 4, [0.0] * 4, "length", request_id="r0"))
+    with pytest.raises(AssertionError, match="r0 sample 1: 4 tokens .* planned 5"):
+        plan.check(done, expect_all=True)
+
+
 def test_bench_rollout_engine_overrides_are_checked_before_any_work() -> None:
     bench = _script("bench_rollout")
     assert bench._engine_overrides(["triton_linear=false", "block_size=32"]) == {
