@@ -52,7 +52,9 @@ def attach_rollout_logging(trainer, pool, transfer) -> None:
         if stats:
             for key in ("tokens_per_s", "running_sequences", "preemptions", "total_tokens"):
                 logs[f"rollout/{key}"] = sum(v[key] for v in stats.values())
-            for key in ("gpu_busy", "cpu_ms_per_step", "kv_cache_use", "latency_s", "queue_wait_s"):
+            averaged = ("gpu_busy", "cpu_ms_per_step", "kv_cache_use", "latency_s", "queue_wait_s")
+            speculation = ("spec_acceptance_rate", "spec_tokens_per_verification")
+            for key in averaged + speculation:
                 present = [v[key] for v in stats.values() if key in v]
                 if present:
                     logs[f"rollout/{key}"] = sum(present) / len(present)

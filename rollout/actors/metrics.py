@@ -28,6 +28,7 @@ class WorkerMetrics:
         # Device time per step gives the GPU-busy fraction; events are cheap, CPU uses host clocks.
         engine.runner.timing = DeviceTiming(engine.device)
         self._device_s_seen = 0.0
+        self._speculation_seen = (0, 0, 0, 0)  # verifications, drafted, accepted, emitted
 
     def record_step(self, host_s: float) -> None:
         now = time.monotonic()
@@ -70,7 +71,24 @@ class WorkerMetrics:
         }
         if self.engine.device.type == "cuda":  # device time over host step time
             values["gpu_busy"] = min(1.0, device_s / host_s) if host_s else 0.0
+        if self.engine.config.speculative != "none":
+            values.update(self._speculation_since_last())
         return values
+
+    def _speculation_since_last(self) -> dict[str, float]:
+        """Speculative decoding since the previous snapshot: the share of drafted tokens
+        accepted, and the tokens each verification yielded (1 = no gain)."""
+        stats = self.engine.speculation
+        now = (stats.verifications, stats.drafted, stats.accepted, stats.emitted)
+        verifications, drafted, accepted, emitted = (
+            a - b for a, b in zip(now, self._speculation_seen, strict=True)
+        )
+        self._speculation_seen = now
+        return {
+            "spec_acceptance_rate": accepted / drafted if drafted else 0.0,
+            "spec_tokens_per_verification": emitted / verifications if verifications else 0.0,
+            "spec_verifications": float(verifications),
+        }
 
     def _trim(self, now: float) -> None:
         for items in (self._steps, self._tokens, self._latencies, self._queue_waits):

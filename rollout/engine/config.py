@@ -8,6 +8,7 @@ _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DEVICES = ("auto", "cpu", "cuda")
 _ATTENTION_BACKENDS = ("auto", "torch", "triton")
 _LOAD_FORMATS = ("auto", "dummy")
+_SPECULATIVE = ("none", "ngram")
 
 
 @dataclass(frozen=True)
@@ -55,16 +56,37 @@ class EngineConfig:
     step; other MoE models keep transformers' experts path. Set False to compare."""
     attention: str = "auto"
     """Paged attention backend: "triton" on CUDA, "torch" (the reference twin) elsewhere."""
+    speculative: str = "none"
+    """"ngram": speculative decoding with drafts from n-grams of the sample's prompt, its own
+    output and its group's other samples. Exact: the emitted tokens and logprobs are those the
+    plain sampler draws (the same seeds give the same tokens); it changes how many tokens a
+    forward yields. Pays off in the tail, when few sequences run."""
+    num_speculative_tokens: int = 4
+    """Most draft tokens verified per sequence and step (the length adapts to acceptance)."""
+    speculative_max_seqs: int = 8
+    """Speculate only while at most this many sequences run: with more, a step is bound by the
+    KV it reads rather than by the weights, and drafts no longer come nearly free. These steps
+    run as the sync loop (the next step's inputs depend on the tokens accepted)."""
     seed: int = 0
     """Seeds the sampler for requests that bring no seed of their own."""
     cpu_kv_cache_gib: float = 2.0
     """Upper bound on the KV cache on CPU when num_kv_blocks is None."""
+
+    @property
+    def max_sampled_rows(self) -> int:
+        """Most tokens one step samples: one per sequence, plus each verified draft."""
+        if self.speculative == "none":
+            return self.max_num_seqs
+        return self.max_num_seqs + self.speculative_max_seqs * self.num_speculative_tokens
 
     def __post_init__(self) -> None:
         _check_choice("dtype", self.dtype, _DTYPES)
         _check_choice("device", self.device, _DEVICES)
         _check_choice("attention", self.attention, _ATTENTION_BACKENDS)
         _check_choice("load_format", self.load_format, _LOAD_FORMATS)
+        _check_choice("speculative", self.speculative, _SPECULATIVE)
+        for name in ("num_speculative_tokens", "speculative_max_seqs"):
+            _check_positive_int(name, getattr(self, name))
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):
             _check_positive_int(name, getattr(self, name))
         if self.num_kv_blocks is not None:

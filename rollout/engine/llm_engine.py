@@ -70,6 +70,8 @@ class LLMEngine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=config.max_model_len,
             eos_token_ids=_eos_token_ids(model, tokenizer),
+            speculative_tokens=config.num_speculative_tokens if config.speculative != "none" else 0,
+            speculative_max_seqs=config.speculative_max_seqs,
         )
         self.runner = ModelRunner(model, config, device, dtype, self.num_kv_blocks, self.vocab_size)
         loop_class = OverlapLoop if config.overlap else SyncLoop
@@ -129,6 +131,11 @@ class LLMEngine:
         """End every sample of the request with finish_reason "abort" (returned by the next step)."""
         for seq in self.scheduler.abort(request_id):
             self._ready.append(seq.to_completion())
+
+    @property
+    def speculation(self):
+        """Speculative decoding's counts so far (scheduler.SpeculationStats)."""
+        return self.scheduler.speculation
 
     def has_unfinished(self) -> bool:
         return bool(self._ready) or self.scheduler.has_unfinished() or self.loop.has_in_flight()

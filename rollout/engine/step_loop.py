@@ -5,7 +5,9 @@
 - OverlapLoop: schedule and launch step N + 1 *before* waiting for step N, so the device always
   has the next step queued. Tokens that step N + 1 needs from step N are placeholders filled on the
   device (carry-over); a sequence that stops at step N may compute one extra token in step N + 1,
-  which `Scheduler.process_results` drops.
+  which `Scheduler.process_results` drops. While the engine speculates (few sequences left),
+  it runs in the sync order: drafts need the last tokens, and a verification decides how many
+  tokens the next step starts from.
 """
 
 from __future__ import annotations
@@ -64,6 +66,16 @@ class OverlapLoop(_Loop):
         self._in_flight: tuple[StepPlan, StepHandle] | None = None
 
     def step(self) -> list[Sequence]:
+        in_flight = self._in_flight
+        if in_flight is not None and (
+            in_flight[0].speculative or self.scheduler.wants_speculation()
+        ):
+            # Drafting needs each sequence's last token on the host, and the step after a
+            # verification depends on how many drafts it accepted: finish first (the sync order).
+            self._in_flight = None
+            finished = self._finish(in_flight)
+            self._in_flight = self._launch()
+            return finished
         launched = self._launch()  # queued behind the in-flight step on the device
         finished = self._finish(self._in_flight) if self._in_flight is not None else []
         if launched is None and self._in_flight is None and self.scheduler.has_unfinished():

@@ -83,6 +83,32 @@ def test_pool_streams_groups_that_match_a_local_engine(ray_cluster, model_dir) -
         pool.shutdown()
 
 
+def test_speculating_actors_stream_the_plain_tokens_and_report_acceptance(
+    ray_cluster, model_dir
+) -> None:
+    from rollout.actors.pool import RolloutPool
+
+    prompts = random_prompts((3, 7, 12), seed=33)
+    params = SamplingParams(max_tokens=40, n=2, seed=7, temperature=0)
+    pool = RolloutPool(_config(model_dir, speculative="ngram"), num_actors=1)
+    try:
+        for i, p in enumerate(prompts):
+            pool.submit(p, params, {"prompt": i})
+        groups = _drain(pool, 3)
+        local = LLMEngine(_config(model_dir)).generate(prompts, params)
+        for g in groups:
+            i = g.metadata["prompt"]
+            assert [s.token_ids for s in g.samples] == [
+                c.token_ids for c in local[2 * i : 2 * i + 2]
+            ]
+        (stats,) = pool.stats().values()
+        assert stats["spec_verifications"] > 0
+        assert 0 < stats["spec_acceptance_rate"] <= 1
+        assert stats["spec_tokens_per_verification"] > 1
+    finally:
+        pool.shutdown()
+
+
 def test_a_dead_actor_loses_nothing(ray_cluster, model_dir) -> None:
     from rollout.actors.pool import RolloutPool
 

@@ -54,6 +54,11 @@ class Harness:
     requests: dict[str, Request] = field(default_factory=dict)
     plans: list[StepPlan] = field(default_factory=list)
     max_running: int = 0
+    speculative_tokens: int = 0
+    speculative_max_seqs: int = 0
+    tokens_by_position: bool = False
+    """The fake device's token at a position depends only on (request, sample, position), as a
+    seeded sampler's does: runs with and without speculation must then emit the same tokens."""
 
     def __post_init__(self) -> None:
         self.bm = BlockManager(self.num_blocks, self.block_size)
@@ -63,6 +68,8 @@ class Harness:
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             eos_token_ids=self.eos,
+            speculative_tokens=self.speculative_tokens,
+            speculative_max_seqs=self.speculative_max_seqs,
         )
         self.rng = np.random.default_rng(self.seed)
         self._arrivals = itertools.count()
@@ -123,6 +130,8 @@ class Harness:
         return plan
 
     def process(self, plan: StepPlan, tokens: np.ndarray | None = None) -> list[Sequence]:
+        if tokens is None and self.tokens_by_position:
+            tokens = [self.token_at(r.seq, r.position) for r in plan.rows]
         if tokens is None:
             tokens = self.rng.integers(0, self.vocab, size=len(plan.rows))
         logprobs = np.zeros(len(plan.rows), dtype=np.float32)
@@ -130,6 +139,14 @@ class Harness:
         self.record(finished)
         self.check_references()
         return finished
+
+    def token_at(self, seq: Sequence, position: int) -> int:
+        """Mostly a per-request cycle of 5 tokens (so n-gram drafts are often right), sometimes
+        a per-sample deviation (so they are sometimes wrong)."""
+        key = sum(map(ord, seq.request_id)) * 31 + self.seed
+        if (position * 7 + seq.sample_index * 3 + key) % 11 == 0:
+            return (key + position * 5 + seq.sample_index) % self.vocab
+        return (key + position % 5) % self.vocab
 
     # -- checks
 
@@ -167,9 +184,16 @@ class Harness:
             else:
                 assert c.token_ids[-1] != PLACEHOLDER
         for row in plan.rows:
-            assert row.seq.token_ids[row.position] == PLACEHOLDER
             chunk = plan.chunks[row.chunk_index]
             assert chunk.num_samples > 0
+            if chunk.num_drafts:  # a verification: a row after each input, tokens come later
+                assert plan.speculative and in_flight is None
+                assert row.position == chunk.start + 1 + row.draft_index
+                assert len(row.seq.token_ids) == chunk.start + 1
+                assert chunk.num_samples == chunk.num_drafts + 1 <= self.speculative_tokens + 1
+                assert chunk.start + chunk.num_samples < row.seq.token_limit
+                continue
+            assert row.seq.token_ids[row.position] == PLACEHOLDER
             assert row.position == chunk.start + len(chunk.token_ids)
         assert len(plan.rows) == sum(c.num_samples for c in plan.chunks)
 
@@ -181,7 +205,7 @@ class Harness:
 
         # A new group's samples share all of the prompt's blocks right after the fork.
         for i, c in enumerate(plan.chunks):
-            if c.num_samples > 1:
+            if c.num_samples > 1 and not c.num_drafts:
                 rows = [r for r in plan.rows if r.chunk_index == i]
                 assert len(rows) == c.num_samples == c.seq.params.n
                 assert sorted(r.seq.sample_index for r in rows) == list(range(c.num_samples))
@@ -201,7 +225,7 @@ class Harness:
             for slot in inputs.slot_mapping[qsl[i] : qsl[i + 1]]:
                 block = int(slot) // self.block_size
                 assert block in c.seq.block_table
-                assert bm.ref_counts[block] == max(1, c.num_samples)
+                assert bm.ref_counts[block] == (1 if c.num_drafts else max(1, c.num_samples))
             assert inputs.carry_src[qsl[i + 1] - 1] == c.carry_row
         assert np.all(inputs.input_ids >= 0)
         assert inputs.num_rows == len(plan.rows)
@@ -251,6 +275,11 @@ class Harness:
                     continue  # not arrived yet: the abort is a no-op
                 self.abort(request.request_id)
             previous = in_flight
+            if previous is not None and (
+                previous.speculative or self.scheduler.wants_speculation()
+            ):  # OverlapLoop's rule: drafting and verifying need the results in first
+                self.process(previous)
+                previous = in_flight = None
             plan = self.schedule(previous)
             if overlap:
                 if previous is not None:
@@ -733,3 +762,124 @@ def test_full_cache_does_not_churn_recomputes(overlap):
     recomputed = sum(len(c.token_ids) for p in h.plans for c in p.chunks) - 12 * (16 + 384)
     assert recomputed < 12 * 400  # each sequence recomputed at most once
     assert all(len(done.token_ids) == 384 for done in h.results.values())
+
+
+# ---- speculative decoding: verifications -------------------------------------------------------
+
+
+def _speculating(**kwargs) -> Harness:
+    settings = dict(speculative_tokens=4, speculative_max_seqs=8)
+    settings.update(kwargs)
+    return harness(**settings)
+
+
+def _decode_to(h: Harness, seq: Sequence, tokens: list[int]) -> None:
+    """Plain steps with these tokens (the prompt's step first)."""
+    for token in tokens:
+        plan = h.schedule(None)
+        assert not plan.speculative
+        h.process(plan, [token] * len(plan.rows))
+
+
+def test_a_verification_emits_accepted_drafts_and_the_token_after_the_first_rejection():
+    h = _speculating(block_size=4, max_model_len=64)
+    seq = h.add(make_request("r", 4, max_tokens=30, token=5, ignore_eos=True))
+    seq.token_ids[:4] = [1, 2, 3, 4]
+    seq.prompt_token_ids[:] = [1, 2, 3, 4]
+    _decode_to(h, seq, [1, 2])  # ... 1 2 3 4 1 2: "1 2" was followed by "3 4 1 2"
+    plan = h.schedule(None)
+    assert plan.speculative
+    (chunk,) = plan.chunks
+    assert chunk.token_ids == [2, 3, 4, 1, 2] and chunk.num_drafts == 4
+    blocks_before = len(seq.block_table)
+    # The "model" agrees with drafts 3 and 4, then draws 7 where the draft says 1.
+    h.process(plan, [3, 4, 7, 9, 9])
+    assert seq.token_ids[4:] == [1, 2, 3, 4, 7]
+    assert seq.num_computed_tokens == len(seq.token_ids) - 1
+    assert len(seq.block_table) == h.bm.num_blocks_for(seq.num_computed_tokens) <= blocks_before
+    stats = h.scheduler.speculation
+    assert (stats.verifications, stats.drafted, stats.accepted, stats.emitted) == (1, 4, 2, 3)
+    assert seq.draft_len == 4  # two accepted: the next draft may be twice as long
+
+
+def test_a_stop_token_inside_an_accepted_run_ends_the_sample_there():
+    h = _speculating(block_size=4, max_model_len=64)
+    seq = h.add(make_request("r", 4, max_tokens=30, token=5, stop_token_ids=(4,)))
+    seq.token_ids[:4] = seq.prompt_token_ids[:] = [1, 2, 3, 4]
+    _decode_to(h, seq, [1, 2])
+    plan = h.schedule(None)
+    finished = h.process(plan, [3, 4, 1, 2, 3])  # all drafts right, but 4 is a stop token
+    assert finished == [seq] and seq.finish_reason == "stop"
+    assert h.results[("r", 0)].token_ids == [1, 2, 3, 4]
+    assert h.bm.num_free_blocks == h.num_blocks
+
+
+def test_drafts_never_run_past_max_tokens():
+    h = _speculating(block_size=4, max_model_len=64)
+    seq = h.add(make_request("r", 4, max_tokens=4, token=5, ignore_eos=True))
+    seq.token_ids[:4] = seq.prompt_token_ids[:] = [1, 2, 3, 4]
+    _decode_to(h, seq, [1, 2])
+    plan = h.schedule(None)
+    assert plan.chunks[0].num_drafts == 1  # two tokens left: one draft and the token after it
+    finished = h.process(plan, [3, 4])
+    assert finished == [seq] and seq.finish_reason == "length"
+    assert h.results[("r", 0)].token_ids == [1, 2, 3, 4]
+
+
+def test_no_speculation_while_many_sequences_run():
+    h = _speculating(speculative_max_seqs=2, max_num_seqs=8)
+    for i in range(3):
+        h.add(make_request(f"r{i}", 4, max_tokens=20, ignore_eos=True))
+    for _ in range(6):
+        plan = h.schedule(None)
+        assert not plan.speculative
+        h.process(plan, [3] * len(plan.rows))  # "3 3 3 ...": drafts would be found
+
+
+@st.composite
+def speculative_workloads(draw):
+    h, requests = draw(workloads())
+    h.tokens_by_position = True
+    h.speculative_tokens = draw(st.integers(1, 4))
+    h.speculative_max_seqs = draw(st.integers(1, 8))
+    h.__post_init__()
+    return h, requests
+
+
+@PROPERTY_SETTINGS
+@given(speculative_workloads(), st.booleans())
+def test_property_speculation_keeps_every_invariant(workload, overlap):
+    h, requests = workload
+    h.run(requests, overlap=overlap)
+
+
+@PROPERTY_SETTINGS
+@given(speculative_workloads(), st.booleans())
+def test_property_speculation_emits_the_tokens_of_plain_steps(workload, overlap):
+    """Preemption, groups, stop tokens, EOS and lengths included (aborts are timed in steps,
+    which speculation changes, so they are left out here)."""
+    h, requests = workload
+    for r in requests:
+        r.abort_at = None
+    plain = Harness(**{**_fields(h), "speculative_tokens": 0, "speculative_max_seqs": 0})
+    plain.run([Request(r.request_id, r.prompt, r.params, r.arrive_at) for r in requests], overlap)
+    h.run(requests, overlap=overlap)
+    assert {k: v.token_ids for k, v in h.results.items()} == {
+        k: v.token_ids for k, v in plain.results.items()
+    }
+    stats = h.scheduler.speculation
+    assert stats.emitted == stats.verifications + stats.accepted
+
+
+def _fields(h: Harness) -> dict:
+    names = ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
+             "max_model_len", "eos", "seed", "tokens_by_position")  # fmt: skip
+    return {name: getattr(h, name) for name in names}
+
+
+def test_speculation_is_exercised_by_the_fake_model():
+    """The property tests above mean something only if drafts get accepted."""
+    h = _speculating(tokens_by_position=True, num_blocks=64, max_model_len=64)
+    h.run([make_request(f"r{i}", 6, max_tokens=40, n=2, ignore_eos=True) for i in range(2)], False)
+    stats = h.scheduler.speculation
+    assert stats.accepted > 20 and stats.accepted < stats.drafted

@@ -75,6 +75,7 @@ class ModelRunner:
                 config.max_num_batched_tokens,
                 config.max_num_seqs,
                 max_blocks_per_seq,
+                config.max_sampled_rows,
             )
             for _ in range(2)
         ]

@@ -25,13 +25,13 @@ _INPUT_FIELDS = {
     "query_start_loc": (torch.int32, "seqs+1"),
     "seq_lens": (torch.int32, "seqs"),
     "block_tables": (torch.int32, "seqs x blocks"),
-    "logits_indices": (torch.int64, "seqs"),
-    "row_logits": (torch.int64, "seqs"),
-    "temperature": (torch.float32, "seqs"),
-    "top_k": (torch.int64, "seqs"),
-    "top_p": (torch.float32, "seqs"),
-    "min_p": (torch.float32, "seqs"),
-    "keys": (torch.int64, "seqs"),
+    "logits_indices": (torch.int64, "rows"),
+    "row_logits": (torch.int64, "rows"),
+    "temperature": (torch.float32, "rows"),
+    "top_k": (torch.int64, "rows"),
+    "top_p": (torch.float32, "rows"),
+    "min_p": (torch.float32, "rows"),
+    "keys": (torch.int64, "rows"),
     "block_copies": (torch.int64, "seqs x 2"),
     "q_block_seq": (torch.int32, "tokens"),
     "q_block_start": (torch.int32, "tokens"),
@@ -46,13 +46,17 @@ class StepSlot:
         max_tokens: int,
         max_seqs: int,
         max_blocks_per_seq: int,
+        max_rows: int | None = None,
     ) -> None:
+        """`max_rows`: most tokens a step samples (default: max_seqs, one per sequence)."""
+        max_rows = max_rows or max_seqs
         pin = device.type == "cuda"
         self.max_blocks_per_seq = max_blocks_per_seq
         sizes = {
             "tokens": max_tokens,
             "seqs": max_seqs,
             "seqs+1": max_seqs + 1,
+            "rows": max_rows,
             "seqs x blocks": max_seqs * max_blocks_per_seq,
             "seqs x 2": max_seqs * 2,
         }
@@ -70,10 +74,10 @@ class StepSlot:
         for name, (offset, nbytes, dtype) in layout.items():
             self.host[name] = self.host_bytes[offset : offset + nbytes].view(dtype)
             self.device[name] = self.device_bytes[offset : offset + nbytes].view(dtype)
-        self.tokens_device = torch.zeros(max_seqs, dtype=torch.int64, device=device)
-        self.logprobs_device = torch.zeros(max_seqs, dtype=torch.float32, device=device)
-        self.tokens_host = torch.zeros(max_seqs, dtype=torch.int64, pin_memory=pin)
-        self.logprobs_host = torch.zeros(max_seqs, dtype=torch.float32, pin_memory=pin)
+        self.tokens_device = torch.zeros(max_rows, dtype=torch.int64, device=device)
+        self.logprobs_device = torch.zeros(max_rows, dtype=torch.float32, device=device)
+        self.tokens_host = torch.zeros(max_rows, dtype=torch.int64, pin_memory=pin)
+        self.logprobs_host = torch.zeros(max_rows, dtype=torch.float32, pin_memory=pin)
         self.copy_in_done = streams.new_event()
         self.compute_done = streams.new_event()
         self.copy_out_done = streams.new_event()

@@ -72,6 +72,11 @@ class BlockManager:
             self.ref_counts[block] += 1
         return list(block_table)
 
+    def truncate(self, block_table: list[int], num_blocks: int) -> None:
+        """Drop the table's blocks past its first num_blocks (a verification's rejected drafts)."""
+        while len(block_table) > num_blocks:
+            self._release(block_table.pop())
+
     def free(self, block_table: list[int]) -> None:
         """Drop one reference to each block of the table and empty it."""
         for block in reversed(block_table):

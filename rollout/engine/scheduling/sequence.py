@@ -73,6 +73,11 @@ class Sequence:
     token_limit: int = 0
     """Length at which it stops with reason "length" (set by the scheduler: prompt + max_tokens,
     capped by max_model_len); kept here because every step reads it for every sequence."""
+    ngrams: object | None = None
+    """Its group's n-gram index (ngram_drafts.GroupNgrams) when the engine speculates; shared
+    by the group's samples."""
+    draft_len: int = 0
+    """How many draft tokens to propose next (adapted to how many were accepted; 0: the most)."""
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -101,9 +101,20 @@ def build_step_inputs(
     input_ids[carry_src >= 0] = 0  # filled on the device
 
     sampling_chunks = [s for s, c in enumerate(chunks) if c.num_samples > 0]
-    logits_indices = last_token[sampling_chunks]
     logits_row_of_chunk = np.full(num_seqs, -1, dtype=np.int64)
-    logits_row_of_chunk[sampling_chunks] = np.arange(len(sampling_chunks))
+    if plan.speculative:
+        # A verification needs the logits of its last num_drafts + 1 positions, in order.
+        per_chunk = np.array([chunks[s].num_drafts + 1 for s in sampling_chunks], dtype=np.int64)
+        first = np.cumsum(per_chunk) - per_chunk
+        logits_row_of_chunk[sampling_chunks] = first
+        owner_of_logit = np.repeat(np.arange(len(sampling_chunks)), per_chunk)
+        back = (
+            first[owner_of_logit] + per_chunk[owner_of_logit] - 1 - np.arange(len(owner_of_logit))
+        )
+        logits_indices = last_token[sampling_chunks][owner_of_logit] - back
+    else:
+        logits_indices = last_token[sampling_chunks]
+        logits_row_of_chunk[sampling_chunks] = np.arange(len(sampling_chunks))
 
     q_blocks = -(-lens // EXTEND_BLOCK_M)
     q_block_seq = np.repeat(np.arange(num_seqs, dtype=np.int32), q_blocks)
@@ -115,6 +126,8 @@ def build_step_inputs(
     rows = plan.rows
     num_rows = len(rows)
     row_logits = logits_row_of_chunk[[r.chunk_index for r in rows]].astype(np.int64)
+    if plan.speculative:
+        row_logits += np.fromiter((max(r.draft_index, 0) for r in rows), np.int64, count=num_rows)
     params = [r.seq.params for r in rows]
     temperature, top_k, top_p, min_p = _sampling_arrays(params)
     seeds = np.fromiter((r.seq.seed for r in rows), dtype=np.uint64, count=num_rows)

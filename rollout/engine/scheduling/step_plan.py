@@ -22,7 +22,11 @@ class ScheduledChunk:
     carry_row: int
     """Row of the previous step's sampler output that fills the last input token (-1: none)."""
     num_samples: int
-    """0 for a prefill chunk that does not reach the end; else 1, or n for a new group's prompt."""
+    """0 for a prefill chunk that does not reach the end; else 1, or n for a new group's prompt
+    (or 1 + num_drafts for a verification)."""
+    num_drafts: int = 0
+    """A verification: its last num_drafts input tokens are drafts, and the sampler draws a token
+    after each of its last num_drafts + 1 positions."""
 
 
 @dataclass
@@ -34,6 +38,9 @@ class SampleRow:
     """Index into seq.token_ids where the token goes (holds a PLACEHOLDER until the result)."""
     chunk_index: int
     """Which chunk's last token's logits it is drawn from (G rows share one for a new group)."""
+    draft_index: int = -1
+    """In a verification: j, drawn after the chunk's j-th draft (0: after its real last token),
+    from the logits of that position; -1 otherwise."""
 
 
 @dataclass
@@ -45,3 +52,5 @@ class StepPlan:
     """(src, dst) KV blocks to copy before the forward (copy-on-write of shared blocks)."""
     num_tokens: int
     num_preempted: int = 0
+    speculative: bool = False
+    """It verifies drafts: the next step can be scheduled only once its results are in."""
