@@ -136,3 +136,22 @@ def test_windowed_families_equal_transformers_and_graphs_equal_eager(family: str
     assert len(graphed.runner.graphs) > 0
     b = _engine(model, cuda_graphs=False, **settings).generate(PROMPTS, sampled)
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_speculation_on_gpu_emits_the_plain_tokens(overlap: bool) -> None:
+    """Verifications run eagerly beside graph-captured decode steps; greedy and sampled tokens
+    equal a run without speculation."""
+    model = _gpu_model()
+    for params in (
+        SamplingParams(max_tokens=40, temperature=0),
+        SamplingParams(max_tokens=40, temperature=0.5, n=2, seed=4),
+    ):
+        plain = _engine(model, num_kv_blocks=200, overlap=overlap).generate(PROMPTS, params)
+        engine = _engine(
+            model, num_kv_blocks=200, overlap=overlap, speculative="ngram", speculative_max_seqs=16
+        )
+        fast = engine.generate(PROMPTS, params)
+        assert [r.token_ids for r in fast] == [r.token_ids for r in plain]
+        assert engine.speculation.accepted > 0
+        assert len(engine.runner.graphs) > 0
