@@ -130,6 +130,9 @@ class RolloutWorker:
 
         def apply() -> float:
             start = time.perf_counter()
+            # Cached KV was computed with the weights about to be replaced (even a torn transfer
+            # leaves it stale).
+            self.engine.reset_prefix_cache()
             streams = self.engine.runner.streams
             # On CUDA the copies are ordered after any step still in flight on the compute stream.
             try:

@@ -56,6 +56,12 @@ class EngineConfig:
     step; other MoE models keep transformers' experts path. Set False to compare."""
     attention: str = "auto"
     """Paged attention backend: "triton" on CUDA, "torch" (the reference twin) elsewhere."""
+    enable_prefix_caching: bool = True
+    """Keep the KV of full blocks after their request ends and reuse it for a later request
+    that starts with the same tokens (a conversation's next turn, a shared system prompt): only
+    the rest is computed. Exact (blocks match by a digest of every token before them). The
+    engine's weight sync empties the cache; change the weights any other way and call
+    `LLMEngine.reset_prefix_cache()`."""
     speculative: str = "none"
     """"ngram": speculative decoding with drafts from n-grams of the sample's prompt, its own
     output and its group's other samples. Exact: the emitted tokens and logprobs are those the

@@ -72,6 +72,7 @@ class LLMEngine:
             eos_token_ids=_eos_token_ids(model, tokenizer),
             speculative_tokens=config.num_speculative_tokens if config.speculative != "none" else 0,
             speculative_max_seqs=config.speculative_max_seqs,
+            prefix_caching=config.enable_prefix_caching,
         )
         self.runner = ModelRunner(model, config, device, dtype, self.num_kv_blocks, self.vocab_size)
         loop_class = OverlapLoop if config.overlap else SyncLoop
@@ -131,6 +132,12 @@ class LLMEngine:
         """End every sample of the request with finish_reason "abort" (returned by the next step)."""
         for seq in self.scheduler.abort(request_id):
             self._ready.append(seq.to_completion())
+
+    def reset_prefix_cache(self) -> None:
+        """Forget the cached KV of finished requests: call it whenever the model's weights
+        change outside `rollout.weight_sync` (which calls it), or later requests would reuse KV
+        computed with the old weights."""
+        self.scheduler.reset_prefix_cache()
 
     @property
     def speculation(self):

@@ -151,3 +151,20 @@ def test_a_receive_that_fails_before_the_transfer_releases_the_trainer(worker, m
     assert time.perf_counter() - start < 30 and "error" in outcome
     assert worker._weight_group is None  # the next sync joins a new group
     worker.resume()  # nothing was copied: the engine runs on
+
+
+def test_a_weight_sync_empties_the_prefix_cache(worker) -> None:
+    """KV cached under the old weights must not serve requests after a sync."""
+    prompt = random_prompts((30,), seed=6)[0]
+    worker.submit([GroupRequest(1, prompt, SamplingParams(max_tokens=10, ignore_eos=True))])
+    samples = []
+    while not samples:
+        samples += worker.poll(timeout=30.0)
+    assert worker.engine.block_manager.num_cached_blocks > 0
+    named = list(tiny_model("llama", seed=99).named_parameters())
+    manifest = manifest_for(named, torch.float32, bucket_bytes=16 << 10)
+    recorded = _ReplayGroup()
+    send_weights(recorded, manifest, named, torch.device("cpu"))
+    worker._weight_group = _ReplayGroup(recorded.buckets)
+    worker.receive_weights(manifest, version=1)
+    assert worker.engine.block_manager.num_cached_blocks == 0

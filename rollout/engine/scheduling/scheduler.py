@@ -40,9 +40,13 @@ class Scheduler:
     """Most draft tokens one verification checks (0: no speculation)."""
     speculative_max_seqs: int = 0
     """Speculate only while at most this many sequences run."""
+    prefix_caching: bool = False
+    """Reuse the cached KV of a request's leading full blocks (block_manager.py)."""
     waiting: list[Sequence] = field(default_factory=list)
     running: list[Sequence] = field(default_factory=list)
     num_preemptions: int = 0
+    num_prefix_hit_tokens: int = 0
+    """Tokens whose KV came from the prefix cache instead of being computed."""
     speculation: SpeculationStats = field(default_factory=lambda: SpeculationStats())
     _next_step: int = 0
     _next_seq_id: int = 1_000_000_000  # forked samples; requests use small ids
@@ -107,7 +111,12 @@ class Scheduler:
             start = seq.num_computed_tokens
             assert start < num_tokens, "a verification's results must be in before the next step"
             num_new = min(num_tokens - start, budget)
-            if speculate and num_new == 1 and seq.token_ids[-1] != PLACEHOLDER:
+            if (
+                speculate
+                and num_tokens - start == 1
+                and num_tokens > seq.num_prompt_tokens  # decoding, not a prompt's last token
+                and seq.token_ids[-1] != PLACEHOLDER
+            ):
                 draft = self._draft(seq, budget)
                 if draft:
                     needed = self._make_room(seq, 1 + len(draft), in_step, plan)
@@ -132,26 +141,42 @@ class Scheduler:
                 len(self.running) + 1 + seq.num_forks_pending > self.max_num_seqs
             ):
                 break
-            num_new = min(seq.num_tokens, budget)
             bm = self.block_manager
+            # Leading blocks whose KV is cached (at least the last token is computed here).
+            hits = (
+                bm.match_prefix(seq.token_ids, (seq.num_tokens - 1) // bm.block_size)
+                if self.prefix_caching
+                else []
+            )
+            cached = len(hits) * bm.block_size
             # Admit only what fits whole (every chunk of its prompt, or of its recompute after a
             # preemption) with a block of growth left for each running sequence. Otherwise a
             # recompute admitted into a full cache is preempted again a few steps later, its
             # prefill thrown away, over and over: the cache churns and nothing finishes.
-            whole = bm.num_new_blocks_needed(seq.block_table, 0, seq.num_tokens)
+            whole = bm.num_blocks_for(seq.num_tokens) - len(hits) + bm.num_evictable(hits)
             if whole + len(self.running) > bm.num_free_blocks:
                 break
-            needed = bm.num_new_blocks_needed(seq.block_table, 0, num_new)
             self.waiting.pop(0)
+            bm.adopt(seq.block_table, hits)
+            seq.num_computed_tokens = cached
+            self.num_prefix_hit_tokens += cached
+            seq.cache_epoch = bm.cache_epoch
+            num_new = min(seq.num_tokens - cached, budget)
+            needed = bm.num_new_blocks_needed(seq.block_table, cached, cached + num_new)
             seq.status = Status.RUNNING
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
             seq.table_row = self._free_rows.pop()
+            self.table_rows[seq.table_row, : len(seq.block_table)] = seq.block_table
             _insort(self.running, seq)
             budget -= self._add_chunk(plan, seq, num_new, needed)
 
         if not plan.chunks:
             return None
+        # Blocks this step computes are registered once it is planned, so only later steps
+        # (ordered after it on the device) can match them.
+        for seq, end in plan.completed_prefills:
+            self._register(seq, end)
         self._next_step += 1
         return plan
 
@@ -204,6 +229,8 @@ class Scheduler:
             carry_row = seq.pending_row
         assert PLACEHOLDER not in seq.token_ids[start : end - 1], "placeholder inside a chunk"
         reaches_end = end == len(seq.token_ids)
+        if reaches_end and self.prefix_caching:
+            plan.completed_prefills.append((seq, end))
         num_samples = (1 + seq.num_forks_pending) if reaches_end else 0
         chunk_index = len(plan.chunks)
         plan.chunks.append(
@@ -354,6 +381,8 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self._release_row(seq)
+        if self.prefix_caching:  # its recompute may find them still cached
+            self._register(seq, seq.num_computed_tokens)
         self.block_manager.free(seq.block_table)
         seq.num_computed_tokens = 0
         seq.status = Status.WAITING
@@ -375,7 +404,25 @@ class Scheduler:
             n -= 1
         return n
 
+    def _register(self, seq: Sequence, end: int) -> None:
+        """Offer seq's full blocks below position `end` (KV computed, tokens known) to the
+        prefix cache, unless its KV predates the cache's epoch (older weights)."""
+        if seq.cache_epoch != self.block_manager.cache_epoch:
+            return
+        tokens = seq.token_ids
+        end = min(end, len(tokens))
+        if PLACEHOLDER in tokens[:end]:
+            end = tokens.index(PLACEHOLDER)
+        self.block_manager.register(seq.block_table, tokens, end // self.block_manager.block_size)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget the cached KV (the weights changed). Sequences running now keep theirs but
+        never offer it to the cache."""
+        self.block_manager.reset_cache()
+
     def _finish(self, seq: Sequence, reason: str, keep: int) -> None:
+        if self.prefix_caching and seq.block_table:
+            self._register(seq, min(seq.num_computed_tokens, keep))
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
             self._release_row(seq)

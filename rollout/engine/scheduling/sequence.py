@@ -76,6 +76,9 @@ class Sequence:
     ngrams: object | None = None
     """Its group's n-gram index (ngram_drafts.GroupNgrams) when the engine speculates; shared
     by the group's samples."""
+    cache_epoch: int = -1
+    """The prefix cache's epoch when it was last admitted: its KV may be offered to the cache
+    only while the epoch (the weights) is the same."""
     draft_len: int = 0
     """How many draft tokens to propose next (adapted to how many were accepted; 0: the most)."""
 

@@ -6,7 +6,7 @@ step's sampler output (see rollout.engine.scheduling.scheduler).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rollout.engine.scheduling.sequence import Sequence
 
@@ -54,3 +54,5 @@ class StepPlan:
     num_preempted: int = 0
     speculative: bool = False
     """It verifies drafts: the next step can be scheduled only once its results are in."""
+    completed_prefills: list[tuple[Sequence, int]] = field(default_factory=list)
+    """(sequence, end) of chunks that reach their sequence's end: blocks for the prefix cache."""
