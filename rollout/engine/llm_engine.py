@@ -21,6 +21,7 @@ from rollout.engine.scheduling.request_checks import check_prompt
 from rollout.engine.scheduling.scheduler import Scheduler
 from rollout.engine.scheduling.sequence import Completion, Sequence
 from rollout.engine.step_loop import OverlapLoop, SyncLoop
+from rollout.engine.stop_strings import StopStrings
 
 Prompt = str | list[int]
 
@@ -73,6 +74,7 @@ class LLMEngine:
             speculative_tokens=config.num_speculative_tokens if config.speculative != "none" else 0,
             speculative_max_seqs=config.speculative_max_seqs,
             prefix_caching=config.enable_prefix_caching,
+            stop_string_hit=StopStrings(tokenizer).hit if tokenizer is not None else None,
         )
         self.runner = ModelRunner(model, config, device, dtype, self.num_kv_blocks, self.vocab_size)
         loop_class = OverlapLoop if config.overlap else SyncLoop
@@ -99,14 +101,17 @@ class LLMEngine:
         token_ids = self._tokenize(prompt)
         arrival = next(self._arrivals)
         seed = params.seed if params.seed is not None else _derive_seed(self.config.seed, arrival)
-        error = check_prompt(
-            token_ids,
-            params,
-            vocab_size=self.vocab_size,
-            max_model_len=self.config.max_model_len,
-            max_num_seqs=self.config.max_num_seqs,
-            cache_tokens=self.num_kv_blocks * self.config.block_size,
-        )
+        if params.stop and self.tokenizer is None:
+            error = "SamplingParams.stop needs an engine with a tokenizer; use stop_token_ids"
+        else:
+            error = check_prompt(
+                token_ids,
+                params,
+                vocab_size=self.vocab_size,
+                max_model_len=self.config.max_model_len,
+                max_num_seqs=self.config.max_num_seqs,
+                cache_tokens=self.num_kv_blocks * self.config.block_size,
+            )
         if error is not None:
             for j in range(params.n):
                 self._ready.append(

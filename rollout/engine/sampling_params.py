@@ -30,7 +30,10 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     """Extra token ids that end a sample (included in its tokens), besides EOS."""
     ignore_eos: bool = False
-    """Keep generating past EOS (benchmarks); stop_token_ids still stop."""
+    """Keep generating past EOS (benchmarks); stop_token_ids and stop still stop."""
+    stop: tuple[str, ...] = ()
+    """Strings that end a sample once its decoded output contains one (the tokens that made it
+    are kept): a tool call's closing tag, say. Needs an engine with a tokenizer."""
 
     def __post_init__(self) -> None:
         _require(
@@ -75,6 +78,14 @@ class SamplingParams:
             self.stop_token_ids,
         )
         object.__setattr__(self, "stop_token_ids", stop)
+        stop_strings = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        _require(
+            all(isinstance(s, str) and s for s in stop_strings),
+            "stop",
+            "must hold non-empty strings",
+            self.stop,
+        )
+        object.__setattr__(self, "stop", stop_strings)
 
     @property
     def greedy(self) -> bool:

@@ -200,3 +200,28 @@ def test_queue_wait_counts_the_time_before_a_first_step(model, overlap: bool) ->
     assert waits[0] == waits[1] and waits[2] == waits[3]
     assert 0.0 <= waits[0] < 0.1 * elapsed
     assert waits[2] > 0.3 * elapsed  # the first group's dozen steps: about half the run
+
+
+@pytest.mark.parametrize("speculative", ["none", "ngram"])
+def test_a_stop_string_ends_the_sample_at_the_token_that_completes_it(speculative: str) -> None:
+    model, tokenizer = tiny_model("llama"), tiny_tokenizer()
+    settings = dict(device="cpu", dtype="float32", max_model_len=128, max_num_seqs=4)
+    config = EngineConfig(**settings, speculative=speculative, speculative_max_seqs=4)
+    engine = LLMEngine.from_model(copy.deepcopy(model), config, tokenizer=tokenizer)
+    prompt = random_prompts((7,), seed=13)[0]
+    plain = engine.generate([prompt], SamplingParams(max_tokens=30, temperature=0))[0]
+    words = tokenizer.decode(plain.token_ids).split()
+    stop = f"{words[5]} {words[6]}"  # spans two tokens
+    first = next(i for i in range(1, len(words)) if f"{words[i - 1]} {words[i]}" == stop)
+    params = SamplingParams(max_tokens=30, temperature=0, stop=(stop, "never-seen"))
+    done = engine.generate([prompt], params)[0]
+    assert done.finish_reason == "stop"
+    assert done.token_ids == plain.token_ids[: first + 1]
+
+
+def test_stop_strings_without_a_tokenizer_are_an_error_result() -> None:
+    engine = LLMEngine.from_model(
+        tiny_model("llama"), EngineConfig(device="cpu", dtype="float32", max_model_len=64)
+    )
+    (done,) = engine.generate([[3, 4, 5]], SamplingParams(max_tokens=4, stop=("x",)))
+    assert done.finish_reason == "error" and "tokenizer" in done.error

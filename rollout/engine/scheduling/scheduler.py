@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +40,9 @@ class Scheduler:
     """Most draft tokens one verification checks (0: no speculation)."""
     speculative_max_seqs: int = 0
     """Speculate only while at most this many sequences run."""
+    stop_string_hit: Callable[[Sequence], bool] | None = None
+    """Whether a sequence's output now contains one of its `params.stop` strings (the engine's
+    detokenizing check; None: no tokenizer)."""
     prefix_caching: bool = False
     """Reuse the cached KV of a request's leading full blocks (block_manager.py)."""
     waiting: list[Sequence] = field(default_factory=list)
@@ -206,6 +209,8 @@ class Scheduler:
             params = seq.params
             if token in params.stop_token_ids or (not params.ignore_eos and token in eos):
                 reason = "stop"
+            elif params.stop and self.stop_string_hit(seq):
+                reason = "stop"
             elif position + 1 >= seq.token_limit:
                 reason = "length"
             else:
@@ -314,6 +319,8 @@ class Scheduler:
         if token in params.stop_token_ids or (
             not params.ignore_eos and token in self.eos_token_ids
         ):
+            reason = "stop"
+        elif params.stop and self.stop_string_hit(seq):
             reason = "stop"
         elif position + 1 >= seq.token_limit:
             reason = "length"
