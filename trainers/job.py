@@ -22,6 +22,7 @@ from pathlib import Path
 
 from rollout.engine.config import EngineConfig
 from rollout.environment import set_environment_defaults
+from rollout.prompts import PromptFormatter
 from trainers.checkpoints import (
     checkpoints,
     read_rollout_state,
@@ -33,7 +34,6 @@ from trainers.config import JobConfig
 from trainers.console import console_callback, plot_training, quiet_default_printing
 from trainers.placement import plan_placement, ray_sees
 from trainers.preflight import check_inputs
-from trainers.prompts import PromptFormatter
 from trainers.rollout_logging import attach_rollout_logging
 from trainers.stopping import GracefulStop
 from trainers.summary import job_summary

@@ -27,7 +27,7 @@ class CheckedInputs:
 
 
 def check_inputs(config: JobConfig) -> CheckedInputs:
-    from trainers.prompts import PromptFormatter
+    from rollout.prompts import PromptFormatter
 
     model_path = _model_path(config.model)
     tokenizer = _tokenizer(model_path)

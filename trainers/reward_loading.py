@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
-import importlib
-import importlib.util
 import inspect
-import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
-from types import ModuleType
 from typing import Any
+
+from rollout.user_code import load_module, split_entry
 
 RewardFunction = Callable[..., list[float | None]]
 
@@ -45,12 +41,8 @@ def load_reward_function(entry: str, registry: Mapping[str, RewardFunction]) -> 
             f"unknown reward function {entry!r}; registered names are {sorted(registry)}, "
             f"or give {_FORMS}"
         )
-    if not target or not attribute:
-        raise ValueError(f"reward {entry!r}: give both sides of the ':', as in {_FORMS}")
-    if target.endswith(".py") or "/" in target or "\\" in target:
-        module = _module_from_file(entry, target)
-    else:
-        module = _module_from_import(entry, target)
+    target, attribute = split_entry(entry, "reward")
+    module = load_module(entry, target, "reward")
     if not hasattr(module, attribute):
         # The functions the module defines itself (not those it imports) are the likely targets.
         defined = sorted(
@@ -97,45 +89,3 @@ def _is_async(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004 - the method itself is what is inspected
     )
-
-
-def _module_from_import(entry: str, target: str) -> ModuleType:
-    try:
-        return importlib.import_module(target)
-    except ImportError as err:
-        raise ValueError(
-            f"reward {entry!r}: cannot import module {target!r} ({err}); check the spelling, "
-            "that its package is installed or on PYTHONPATH, or give a file as "
-            "'path/to/file.py:function'"
-        ) from err
-
-
-def _module_from_file(entry: str, target: str) -> ModuleType:
-    path = Path(target).expanduser()
-    if not path.is_absolute():
-        path = Path.cwd() / path
-    path = path.resolve()
-    if not path.is_file():
-        raise ValueError(
-            f"reward {entry!r}: file {path} not found (a relative path resolves against the "
-            f"current directory, {Path.cwd()}); fix the path or run from the folder it is "
-            "relative to"
-        )
-    # One module per file, under a name no import can clash with: two rewards from one file
-    # share its module (and any state it keeps), and classes defined there can find their module.
-    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
-    name = f"_reward_file_{path.stem}_{digest}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ValueError(f"reward {entry!r}: {path} cannot be loaded as Python; give a .py file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        # A file that failed to run is not cached, so the next attempt (once fixed) runs it again.
-        del sys.modules[name]
-        raise
-    return module

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from rollout.engine.sampling_params import SamplingParams
-from trainers.prompts import PromptFormatter
+from rollout.prompts import PromptFormatter
 from trainers.scoring import score_group
 from trainers.trl_adapter import rollout_sample
 

@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any
 
 from rollout.engine.sampling_params import SamplingParams
-from trainers.prompts import PromptFormatter
+from rollout.prompts import PromptFormatter
 
 
 class WeightsBeforeGeneration:

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from rollout.engine.sampling_params import SamplingParams
+from rollout.prompts import PromptFormatter
 from trainers.config import JobConfig
 from trainers.parity import ParityProbe
-from trainers.prompts import PromptFormatter
 from trainers.summary import RewardLog
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rollout.engine.sampling_params import SamplingParams
+from rollout.environments.base import EpisodeLimits
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,13 @@ class GroupRequest:
     attempt: int = 0
     """Bumped when the group is generated again after its actor died; late results of an older
     attempt are ignored."""
+    environment: str | None = None
+    """A multi-turn group: the environment class ("module:Class" or "file.py:Class") whose
+    instances run its params.n episodes; its reset(row) gives the prompt (prompt_token_ids is
+    then unused)."""
+    row: dict | None = None
+    """The dataset row the environment starts from."""
+    limits: EpisodeLimits | None = None
 
 
 @dataclass
@@ -41,6 +49,13 @@ class FinishedSample:
     """Wall-clock time this sample finished."""
     queue_wait_s: float = 0.0
     """Seconds it waited in the engine for room (batch slots or KV blocks) before its first step."""
+    completion_mask: list[int] | None = None
+    """Multi-turn: 1 on the model's tokens, 0 on the environment's (None: all the model's)."""
+    reward: float | None = None
+    """Multi-turn: the environment's reward for the episode (None when it gave none)."""
+    episode_status: str | None = None
+    """Multi-turn: "done", "max_turns", "max_tokens", "tool_error", "tool_timeout", ..."""
+    num_turns: int = 0
 
 
 @dataclass

@@ -9,6 +9,7 @@ again, whole, on the others (a new attempt number makes any stray late sample ha
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import queue
 import threading
@@ -21,6 +22,7 @@ from rollout.actors.worker import RolloutWorker
 from rollout.engine.config import EngineConfig
 from rollout.engine.model.loader import TORCH_DTYPES
 from rollout.engine.sampling_params import SamplingParams
+from rollout.environments.base import EpisodeLimits
 from rollout.weight_sync import (
     DEFAULT_BUCKET_BYTES,
     ActorsLostDuringSync,
@@ -98,12 +100,27 @@ class RolloutPool:
     # ---- groups ------------------------------------------------------------------------------
 
     def submit(
-        self, prompt_token_ids: list[int], params: SamplingParams, metadata: dict | None = None
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        metadata: dict | None = None,
+        environment: str | None = None,
+        row: dict | None = None,
+        limits: EpisodeLimits | None = None,
     ) -> int:
-        """Queue one prompt's `params.n` samples on the least-loaded live actor; returns its id."""
+        """Queue one prompt's `params.n` samples on the least-loaded live actor; returns its id.
+        With `environment`, params.n multi-turn episodes of it on dataset row `row` instead
+        (the environment's reset gives the prompt; prompt_token_ids is unused)."""
         with self._lock:
             group_id = next(self._group_ids)
-            request = GroupRequest(group_id, list(prompt_token_ids), params)
+            request = GroupRequest(
+                group_id,
+                list(prompt_token_ids),
+                params,
+                environment=environment,
+                row=row,
+                limits=limits if limits is not None or environment is None else EpisodeLimits(),
+            )
             group = _Group(request, -1, time.time(), metadata or {})
             self._groups[group_id] = group
             self._dispatch(group)
@@ -281,11 +298,8 @@ class RolloutPool:
                 return
             for group in orphans:
                 self._load[actor] -= group.cost
-                group.request = GroupRequest(
-                    group.request.group_id,
-                    group.request.prompt_token_ids,
-                    group.request.params,
-                    group.request.attempt + 1,
+                group.request = dataclasses.replace(
+                    group.request, attempt=group.request.attempt + 1
                 )
                 group.samples.clear()
                 self._dispatch(group)

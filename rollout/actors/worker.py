@@ -24,6 +24,7 @@ from rollout.engine.config import EngineConfig
 from rollout.engine.llm_engine import LLMEngine
 from rollout.engine.sampling_params import SamplingParams
 from rollout.engine.scheduling.sequence import Completion
+from rollout.environments.episodes import Episode, EpisodeRunner
 from rollout.weight_sync import (
     TornWeightsError,
     WeightGroup,
@@ -57,6 +58,7 @@ class RolloutWorker:
         self._error: BaseException | None = None
         self._probes: dict[str, Future] = {}
         self._weight_group: WeightGroup | None = None
+        self._episodes: EpisodeRunner | None = None  # made for the first multi-turn group
         self._thread = threading.Thread(
             target=self._loop, name=f"rollout-worker-{worker_id}", daemon=True
         )
@@ -82,7 +84,15 @@ class RolloutWorker:
 
     def abort(self, group_ids: list[int]) -> None:
         """End these groups (their samples come back with finish_reason "abort")."""
-        self.run_between_steps(lambda: [self.engine.abort(str(g)) for g in group_ids])
+
+        def abort_all() -> None:
+            for g in group_ids:
+                self.engine.abort(str(g))
+                if self._episodes is not None:
+                    self._episodes.abort(str(g))
+            self._deliver_episodes()
+
+        self.run_between_steps(abort_all)
 
     def pause(self) -> None:
         """Stop stepping (after the current step); queued and running requests stay."""
@@ -187,6 +197,8 @@ class RolloutWorker:
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout=30)
+        if self._episodes is not None:
+            self._episodes.shutdown()
 
     # ---- the loop thread -------------------------------------------------------------------
 
@@ -195,8 +207,13 @@ class RolloutWorker:
             while not self._stopping:
                 self._apply_commands()
                 self._admit()
+                if self._episodes is not None:
+                    self._episodes.poll()  # environment calls back: next turns, ended episodes
+                    self._deliver_episodes()
                 if self._paused or self._torn_weights or not self.engine.has_unfinished():
-                    self._wake.wait(0.05)
+                    # Idle, or only waiting for environments (their calls wake us up).
+                    deadline = self._episodes.next_deadline_s() if self._episodes else None
+                    self._wake.wait(0.05 if deadline is None else min(0.05, deadline + 1e-3))
                     self._wake.clear()
                     continue
                 start = time.perf_counter()
@@ -228,7 +245,14 @@ class RolloutWorker:
             request_id = str(group.group_id)
             self._groups[request_id] = (group, time.time(), self.version)
             self._remaining[request_id] = group.params.n
-            self.engine.add_request(group.prompt_token_ids, group.params, request_id=request_id)
+            if group.environment is None:
+                self.engine.add_request(group.prompt_token_ids, group.params, request_id=request_id)
+                continue
+            if self._episodes is None:
+                self._episodes = EpisodeRunner(self.engine, wake=self._wake.set)
+            self._episodes.start(
+                request_id, group.environment, group.row or {}, group.params, group.limits
+            )
 
     def _deliver(self, completions: list[Completion]) -> None:
         if not completions:
@@ -238,6 +262,9 @@ class RolloutWorker:
         for c in completions:
             if c.request_id in self._probes:
                 self._probes.pop(c.request_id).set_result(c)
+                continue
+            if self._episodes is not None and self._episodes.owns(c.request_id):
+                self._episodes.on_completion(c)  # a model turn: its episode goes on
                 continue
             group, received, version = self._groups[c.request_id]
             samples.append(
@@ -261,6 +288,46 @@ class RolloutWorker:
             self._remaining[c.request_id] -= 1
             if self._remaining[c.request_id] == 0:
                 del self._remaining[c.request_id], self._groups[c.request_id]
+        self._publish(samples)
+
+    def _deliver_episodes(self) -> None:
+        if self._episodes is None or not self._episodes.finished:
+            return
+        episodes, self._episodes.finished = self._episodes.finished, []
+        now = time.time()
+        samples = [self._episode_sample(e, now) for e in episodes]
+        for sample, episode in zip(samples, episodes, strict=True):
+            self.metrics.record_finished(sample)
+            self._remaining[episode.group_key] -= 1
+            if self._remaining[episode.group_key] == 0:
+                del self._remaining[episode.group_key], self._groups[episode.group_key]
+        self._publish(samples)
+
+    def _episode_sample(self, episode: Episode, now: float) -> FinishedSample:
+        group, received, version = self._groups[episode.group_key]
+        return FinishedSample(
+            group_id=group.group_id,
+            attempt=group.attempt,
+            sample_index=episode.index,
+            prompt_token_ids=episode.prompt_ids,
+            token_ids=episode.token_ids,
+            logprobs=episode.logprobs,
+            finish_reason=episode.finish_reason,
+            error=episode.error,
+            weight_versions=(version, self.version),
+            actor=self.worker_id,
+            received_at=received,
+            finished_at=now,
+            queue_wait_s=episode.queue_wait_s,
+            completion_mask=episode.mask,
+            reward=episode.reward,
+            episode_status=episode.status,
+            num_turns=episode.turns,
+        )
+
+    def _publish(self, samples: list[FinishedSample]) -> None:
+        if not samples:
+            return
         with self._outbox_ready:
             self._outbox.extend(samples)
             self._outbox_ready.notify_all()
