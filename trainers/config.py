@@ -87,6 +87,22 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
+class EnvironmentConfig:
+    name: str | None = None
+    """Multi-turn rollouts: an environment class, "package.module:Class" or "file.py:Class"
+    (rollout/environments/base.py says what it provides; the built-in example is
+    "rollout.environments.calculator:CalculatorEnv"). None: one completion per prompt."""
+    max_turns: int = 4
+    """Model turns per episode; an episode's tokens after the prompt are at most
+    trainer.max_completion_length."""
+    tool_timeout_s: float = 30.0
+    """Seconds one reset() or step() of the environment may take."""
+    max_turn_tokens: int | None = None
+    """Tokens one model turn may take (None: what is left of the episode's budget). A turn also
+    ends at the environment's stop strings (a tool call's closing tag) or at EOS."""
+
+
+@dataclass(frozen=True)
 class WandbConfig:
     mode: str = "offline"
     """"offline" (no account needed), "online", or "disabled"."""
@@ -109,9 +125,20 @@ class JobConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
     ray_address: str | None = None
     """None: start a Ray of our own (or join the cluster a `ray job submit` runs us in);
     "auto" joins the cluster `ray start` runs on this machine; or a cluster's address."""
+
+    def episode_limits(self):
+        """The environment's per-episode limits (rollout.environments.EpisodeLimits)."""
+        from rollout.environments.base import EpisodeLimits
+
+        return EpisodeLimits(
+            max_turns=self.environment.max_turns,
+            max_tokens=self.trainer.max_completion_length,
+            tool_timeout_s=self.environment.tool_timeout_s,
+        )
 
     @property
     def save_steps(self) -> int:
@@ -205,6 +232,17 @@ class JobConfig:
         if t.save_total_limit is not None and t.save_total_limit < 1:
             raise ValueError(
                 f"trainer.save_total_limit must be >= 1 or null (keep all); got {t.save_total_limit}"
+            )
+        if "environment" in self.rewards and self.environment.name is None:
+            raise ValueError(
+                "the 'environment' reward reads an environment's episode rewards, but "
+                "environment.name is not set; set it or remove the reward"
+            )
+        e = self.environment
+        turn_tokens = e.max_turn_tokens if e.max_turn_tokens is not None else 1
+        if e.max_turns < 1 or turn_tokens < 1 or not e.tool_timeout_s > 0:
+            raise ValueError(
+                "environment.max_turns and max_turn_tokens must be >= 1, tool_timeout_s > 0"
             )
         if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
             raise ValueError(

@@ -124,9 +124,17 @@ def answer_format(prompts: Sequence[Any], completions: Sequence[Any], **kwargs: 
     return rewards
 
 
+def environment(
+    prompts: Sequence[Any], completions: Sequence[Any], env_reward: Sequence[float | None], **kwargs
+) -> list[float]:
+    """The environment's own reward for each episode (multi-turn rollouts: environment.name)."""
+    return [0.0 if r is None else float(r) for r in env_reward]
+
+
 REWARD_FUNCTIONS: dict[str, RewardFunction] = {
     "exact_answer": exact_answer,
     "answer_format": answer_format,
+    "environment": environment,
 }
 for _name, _fn in REWARD_FUNCTIONS.items():
     assert _fn.__name__ == _name, f"reward {_fn.__name__} is registered as {_name}"

@@ -40,6 +40,8 @@ class PoolRolloutWorker:
         on_group: Callable[[dict], None] | None = None,
         start_cursor: int = 0,
         reward_weights: list[float] | None = None,
+        environment: str | None = None,
+        episode_limits=None,
     ) -> None:
         self.pool = pool
         self.dataset = dataset
@@ -51,6 +53,9 @@ class PoolRolloutWorker:
         self.rollout_buffer: queue.Queue = queue.Queue()
         self.metrics_queue: queue.Queue = queue.Queue()
         self.reward_weights = reward_weights
+        self.environment = environment
+        """Multi-turn: each group's episodes run this environment on its row (rollout side)."""
+        self.episode_limits = episode_limits
         self.model_version = 0
         self.start_cursor = start_cursor  # the dataset row of this run's group 0 (resume)
         self.cursor = start_cursor  # next dataset row to submit
@@ -91,9 +96,15 @@ class PoolRolloutWorker:
                 ):
                     row = self.dataset[self.cursor % len(self.dataset)]
                     self.cursor += 1
-                    group_id = self.pool.submit(
-                        self.formatter.prompt_ids(row["prompt"]), self.sampling
-                    )
+                    if self.environment is None:
+                        group_id = self.pool.submit(
+                            self.formatter.prompt_ids(row["prompt"]), self.sampling
+                        )
+                    else:  # the environment's reset gives the prompt, on the actor
+                        group_id = self.pool.submit(
+                            [], self.sampling, environment=self.environment, row=dict(row),
+                            limits=self.episode_limits,
+                        )  # fmt: skip
                     rows[group_id] = row
                 try:
                     group = self.pool.get(timeout=0.2)
@@ -131,6 +142,8 @@ class PoolRolloutWorker:
             return []
         completions = [self.formatter.completion(s.token_ids, row["prompt"]) for s in usable]
         columns = {k: [v] * len(completions) for k, v in row.items() if k != "prompt"}
+        if self.environment is not None:
+            columns["env_reward"] = [s.reward for s in usable]
         scored = score_group(
             [row["prompt"]] * len(completions),
             completions,
@@ -146,6 +159,9 @@ class PoolRolloutWorker:
         }
         for name, values in scored.per_function.items():
             metrics[f"rewards/{name}"] = float(np.nanmean(values))
+        if self.environment is not None:
+            metrics["episodes/turns"] = float(np.mean([s.num_turns for s in usable]))
+            metrics["episodes/done"] = float(np.mean([s.episode_status == "done" for s in usable]))
         samples = [
             rollout_sample(
                 row["prompt"],
@@ -157,6 +173,7 @@ class PoolRolloutWorker:
                 version,
                 group.group_id,
                 metrics,
+                completion_mask=s.completion_mask,
             )
             for s, completion, advantage in zip(usable, completions, scored.advantages, strict=True)
         ]

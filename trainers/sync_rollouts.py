@@ -4,6 +4,7 @@ weight sync before each generation that follows an optimizer step."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 from rollout.engine.sampling_params import SamplingParams
@@ -32,9 +33,16 @@ def make_rollout_func(
     formatter: PromptFormatter,
     sampling: SamplingParams,
     before_generation: WeightsBeforeGeneration,
+    environment: str | None = None,
+    rows=None,
+    episode_limits=None,
 ):
     """`rollout_func` for trl.GRPOTrainer: prompts arrive repeated num_generations times in a row;
-    each run of equal prompts becomes one group on the pool; one completion per received prompt."""
+    each run of equal prompts becomes one group on the pool; one completion per received prompt.
+    With an `environment`, each group is that many episodes on the prompt's dataset row (found
+    in `rows` by its prompt); TRL gets `env_mask` (the model's tokens) and `env_reward` (read by
+    the `environment` reward)."""
+    row_of = {_key(r["prompt"]): r for r in rows} if rows is not None else {}
 
     def rollout_func(prompts: list, trainer: Any) -> dict[str, list]:
         before_generation(trainer)  # the pool generates with the trainer's current weights
@@ -43,12 +51,20 @@ def make_rollout_func(
         for start in range(0, len(prompts), num_generations):
             prompt = prompts[start]
             params = dataclasses.replace(sampling, n=num_generations)
-            groups.append(pool.submit(formatter.prompt_ids(prompt), params))
+            if environment is None:
+                groups.append(pool.submit(formatter.prompt_ids(prompt), params))
+            else:
+                row = dict(row_of[_key(prompt)])
+                groups.append(
+                    pool.submit([], params, environment=environment, row=row, limits=episode_limits)
+                )
         done = {}
         while len(done) < len(groups):
             group = pool.get(timeout=3600)
             done[group.group_id] = group
         out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
+        if environment is not None:
+            out |= {"env_mask": [], "env_reward": []}
         for group_id in groups:
             failed = [s for s in done[group_id].samples if s.finish_reason == "error"]
             if failed:
@@ -62,6 +78,13 @@ def make_rollout_func(
                 out["prompt_ids"].append(sample.prompt_token_ids)
                 out["completion_ids"].append(sample.token_ids)
                 out["logprobs"].append(sample.logprobs)
+                if environment is not None:
+                    out["env_mask"].append(sample.completion_mask)
+                    out["env_reward"].append(sample.reward)
         return out
 
     return rollout_func
+
+
+def _key(prompt) -> str:
+    return json.dumps(prompt, sort_keys=True)

@@ -65,8 +65,11 @@ def build_trainer(job: JobInputs) -> BuiltTrainer:
     t = job.config.trainer
     probe = ParityProbe(job.pool, job.formatter.prompt_ids(job.dataset[0]["prompt"]))
     transfer = streaming_rollouts.PoolWeightTransfer(job.pool, probe, job.weight_sync_backend)
+    turn_tokens = job.config.environment.max_turn_tokens  # multi-turn: one model turn's limit
     sampling = SamplingParams(
-        max_tokens=t.max_completion_length, temperature=t.temperature, n=t.num_generations
+        max_tokens=min(turn_tokens or t.max_completion_length, t.max_completion_length),
+        temperature=t.temperature,
+        n=t.num_generations,
     )
     rewards = RewardLog()
     worker = None
@@ -93,6 +96,8 @@ def _streaming_trainer(job: JobInputs, sampling: SamplingParams, transfer, rewar
         on_group=rewards.add,
         start_cursor=job.start_cursor,
         reward_weights=list(weights) if weights is not None else None,
+        environment=job.config.environment.name,
+        episode_limits=job.config.episode_limits(),
     )
     args = trl_args(job.config, job.out, job.on_cpu) | streaming_trl_args(job.config)
     trainer = trl_adapter.build_async_trainer(
@@ -107,7 +112,13 @@ def _sync_trainer(job: JobInputs, sampling: SamplingParams, transfer):
     config, t = job.config, job.config.trainer
     before_generation = sync_rollouts.WeightsBeforeGeneration(transfer)
     rollout_func = sync_rollouts.make_rollout_func(
-        job.pool, job.formatter, sampling, before_generation
+        job.pool,
+        job.formatter,
+        sampling,
+        before_generation,
+        environment=config.environment.name,
+        rows=job.dataset if config.environment.name else None,
+        episode_limits=config.episode_limits(),
     )
     samples = t.prompts_per_step * t.num_generations
     args = trl_args(config, job.out, job.on_cpu) | dict(

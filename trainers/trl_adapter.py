@@ -34,17 +34,21 @@ def rollout_sample(
     version: int,
     group_id: int,
     metrics: dict,
+    completion_mask: list[int] | None = None,
 ):
-    """One TRL `RolloutSample`: the loss covers the completion tokens, scored with the actor's
-    logprobs (the prompt's are never used)."""
+    """One TRL `RolloutSample`: the loss covers the completion tokens (those of
+    `completion_mask`, when a multi-turn episode interleaves the environment's), scored with the
+    actor's logprobs (the prompt's are never used)."""
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
     prompt_len, completion_len = len(prompt_ids), len(completion_ids)
+    mask = completion_mask if completion_mask is not None else [1] * completion_len
+    assert len(mask) == completion_len, "one mask entry per completion token"
     return RolloutSample(
         prompt=prompt,
         completion=completion,
         input_ids=np.array(prompt_ids + completion_ids, dtype=np.int64),
-        completion_mask=np.array([0] * prompt_len + [1] * completion_len, dtype=np.int64),
+        completion_mask=np.array([0] * prompt_len + list(mask), dtype=np.int64),
         old_log_probs=np.array([0.0] * prompt_len + list(logprobs), dtype=np.float32),
         advantage=advantage,
         model_version=version,

@@ -78,6 +78,37 @@ def test_an_moe_policy_trains_with_speculating_actors(tmp_path, moe_policy_dir, 
     assert parity and max(parity) < 1e-4
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["streaming", "sync"])
+def test_multi_turn_episodes_train_in_both_modes(tmp_path, policy_dir, prompts_file, mode):
+    """Episodes of a test environment (two tool outputs, then a reward of 0.5) through the
+    actors into TRL: the environment's tokens masked out, its reward the only one."""
+    from trainers.config import load_config
+    from trainers.job import run_job
+
+    config = load_config(
+        None,
+        [
+            f"output_dir={tmp_path / 'run'}",
+            f"model={policy_dir}",
+            f"dataset.source={prompts_file}",
+            f"trainer.mode={mode}",
+            "trainer.max_steps=2",
+            "trainer.num_generations=2",
+            "trainer.prompts_per_step=2",
+            "trainer.max_completion_length=24",
+            "wandb.mode=disabled",
+            "rewards=[environment]",
+            "environment.name=tests.integration.envs_for_tests:TwoToolCalls",
+            "environment.max_turn_tokens=6",
+            "rollout.engine={max_model_len: 64, max_num_seqs: 16, num_kv_blocks: 64}",
+        ],
+    )
+    summary = run_job(config)
+    assert summary["steps"] == 2 and summary["weight_syncs"] >= 1
+    assert summary["reward_mean_last"] == pytest.approx(0.5)
+
+
 def _tiny_job(tmp_path, policy_dir, prompts_file, name: str, *extra: str):
     from trainers.config import load_config
 

@@ -97,3 +97,21 @@ def test_shipped_configs_parse() -> None:
     assert load_config(str(files[0].parent / "default.yaml"), []) == JobConfig(
         output_dir="runs/default"
     )
+
+
+def test_the_environment_reward_needs_an_environment() -> None:
+    with pytest.raises(ValueError, match="environment.name is not set"):
+        load_config(None, ["rewards=[environment]"])
+    config = load_config(
+        None,
+        [
+            "rewards=[environment]",
+            "environment.name=rollout.environments.calculator:CalculatorEnv",
+            "environment.max_turns=2",
+            "trainer.max_completion_length=96",
+        ],
+    )
+    limits = config.episode_limits()
+    assert (limits.max_turns, limits.max_tokens) == (2, 96)
+    with pytest.raises(ValueError, match="max_turns and max_turn_tokens must be >= 1"):
+        load_config(None, ["environment.max_turn_tokens=0"])
