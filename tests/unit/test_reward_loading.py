@@ -168,7 +168,7 @@ def _error(entry: str) -> str:
 
 def test_an_unknown_name_lists_the_names_and_the_other_forms() -> None:
     message = _error("accuracy")
-    assert "['answer_format', 'exact_answer']" in message
+    assert "['answer_format', 'environment', 'exact_answer']" in message
     assert "'package.module:function'" in message and "'path/to/file.py:function'" in message
 
 

@@ -105,7 +105,7 @@ def test_answer_format_chat_completions() -> None:
 
 def test_registry_names_match_function_names() -> None:
     # TRL logs each reward under fn.__name__, so it must be the registry key.
-    assert set(REWARD_FUNCTIONS) == {"exact_answer", "answer_format"}
+    assert set(REWARD_FUNCTIONS) == {"exact_answer", "answer_format", "environment"}
     for name, fn in REWARD_FUNCTIONS.items():
         assert fn.__name__ == name
 
