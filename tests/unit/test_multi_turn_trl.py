@@ -69,3 +69,20 @@ def test_the_sync_rollout_func_gives_trl_env_mask_and_env_reward() -> None:
     assert out["env_mask"] == [[1, 1, 0, 0, 1]] * 4
     assert out["env_reward"] == [0.25, 0.5, 0.25, 0.5]
     assert environment([], [], env_reward=[0.25, None]) == [0.25, 0.0]
+
+
+def test_the_calculator_evaluates_arithmetic_only_and_scores_the_last_number() -> None:
+    from rollout.environments.calculator import CalculatorEnv, evaluate
+
+    assert evaluate("(3 + 4) * 2 - 1 / 2") == 13.5
+    for bad in ("__import__('os')", "2 ** 99999", "x + 1", "1 +"):
+        with pytest.raises(ValueError):
+            evaluate(bad)
+    env = CalculatorEnv()
+    prompt = env.reset({"prompt": [{"role": "user", "content": "2 + 5?"}], "answer": "7"})
+    assert "<calc>" in prompt[-1]["content"]
+    call = env.step("Ava has <calc>2 + 5</calc>")
+    assert not call.done and call.observation == "<result>7</result>"
+    assert env.step("<calc>1 / 0</calc>").observation == "<result>error</result>"
+    assert env.step("so 7 apples. Answer: 7").reward == 1.0
+    assert env.step("Answer: 8").reward == 0.0
