@@ -151,3 +151,12 @@ def test_bench_trainer_step_smoke_trains_every_completion_token(tmp_path, monkey
     # 2 prompts x 4 samples x 32 completion tokens: a step holds all of its samples.
     assert report["trained_tokens_per_step"] == 2 * 4 * 32
     assert report["step_time_split_s"]["step"] > 0 and report["trained_tokens_per_s"] > 0
+
+
+def test_bench_multi_turn_smoke_matches_the_single_turn_tokens(tmp_path) -> None:
+    out = tmp_path / "multi_turn.json"
+    _script("bench_multi_turn").main(["--smoke", "--json-out", str(out)])
+    report = json.loads(out.read_text())
+    single, multi = report["runs"]
+    assert single["model_tokens"] == multi["model_tokens"] == 2 * 3 * 3 * 8
+    assert multi["prefix_hit_tokens"] > 0 and multi["tool_s_total"] > 0
