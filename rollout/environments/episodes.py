@@ -23,6 +23,7 @@ import dataclasses
 import inspect
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -106,7 +107,11 @@ class EpisodeRunner:
     ) -> None:
         """Start a group of params.n episodes of `environment` on dataset row `row`."""
         env_class = load_environment(environment)
-        seed = params.seed if params.seed is not None else hash(key) % (1 << 62)
+        # A request without a seed gets one from the engine's seed and the group (reproducible
+        # across runs, unlike hash() of a string).
+        seed = params.seed
+        if seed is None:
+            seed = (self.engine.config.seed * 1_000_003 + zlib.crc32(key.encode())) % (1 << 62)
         episodes = [Episode(key, i, env_class(), seed + 7_919 * i) for i in range(params.n)]
         stop = tuple(getattr(env_class, "stop", ())) + tuple(params.stop)
         group = _Group(key, params, limits, stop, episodes, row)
@@ -123,7 +128,9 @@ class EpisodeRunner:
         self._pending_samples[c.request_id] -= 1
         if self._pending_samples[c.request_id] == 0:
             del self._requests[c.request_id], self._pending_samples[c.request_id]
-        group = self._groups[key]
+        group = self._groups.get(key)
+        if group is None:
+            return  # the group was aborted and has ended
         episode = group.episodes[indices[c.index]]  # the request's sample c.index
         if episode.status is not None:
             return  # aborted meanwhile

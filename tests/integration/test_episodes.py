@@ -126,3 +126,28 @@ def test_a_missing_environment_is_refused_with_a_clear_message() -> None:
         load_environment(f"{ENVS}:Nope")
     with pytest.raises(ValueError, match="file .* not found"):
         load_environment("no/such/file.py:Env")
+
+
+def test_aborting_a_group_while_its_turn_generates(policy_dir) -> None:
+    """The turn's abort result reaches the runner after its group has ended: it is dropped."""
+    import threading
+
+    from rollout import LLMEngine
+    from rollout.environments.episodes import EpisodeRunner
+
+    config = EngineConfig(model=policy_dir, device="cpu", dtype="float32", max_model_len=128)
+    engine = LLMEngine(config)
+    runner = EpisodeRunner(engine, wake=threading.Event().set)
+    params = SamplingParams(max_tokens=50, n=2, seed=1, ignore_eos=True)
+    runner.start("g", f"{ENVS}:TwoToolCalls", {}, params, EpisodeLimits(max_tokens=80))
+    while not engine.has_unfinished():  # the resets come back, the first turn starts
+        runner.poll()
+    engine.step()
+    runner.abort("g")
+    runner.poll()
+    assert not runner.busy and {e.status for e in runner.finished} == {"abort"}
+    while engine.has_unfinished():
+        for c in engine.step():
+            assert c.finish_reason == "abort"
+            runner.on_completion(c)
+    runner.shutdown()
