@@ -214,11 +214,17 @@ class EpisodeRunner:
             self._end(episode, "tool_error", error=f"{type(err).__name__}: {err}")
             return
         if episode.turns == 0:  # reset: the first prompt
-            episode.prompt_ids = self.formatter.prompt_ids(result)
+            try:
+                episode.prompt_ids = self.formatter.prompt_ids(result)
+            except Exception as err:  # noqa: BLE001 - the environment's reset gave no prompt
+                self._end(episode, "tool_error", error=(
+                    f"reset() returned {type(result).__name__}, not a prompt (text or chat "
+                    f"messages): {err}"))  # fmt: skip
             return
-        if not isinstance(result, StepResult):
+        if not isinstance(result, StepResult) or not isinstance(result.observation, str):
             self._end(episode, "tool_error", error=(
-                f"step() returned {type(result).__name__}, not a StepResult"))  # fmt: skip
+                f"step() returned {type(result).__name__}, not a StepResult with a text "
+                "observation"))  # fmt: skip
             return
         if result.done:
             self._end(episode, "done", reward=float(result.reward))

@@ -66,3 +66,8 @@ class NeverDone(TwoToolCalls):
 class ReturnsNone(TwoToolCalls):
     def step(self, model_text: str):
         return None
+
+
+class ResetReturnsNone(TwoToolCalls):
+    def reset(self, row: dict):
+        return None

@@ -85,6 +85,7 @@ def test_a_slow_environment_does_not_hold_up_other_episodes(worker) -> None:
     [
         ("Raises", "tool_error", {}),
         ("ReturnsNone", "tool_error", {}),
+        ("ResetReturnsNone", "tool_error", {}),
         ("NeverEnds", "tool_timeout", {"tool_timeout_s": 0.5}),
         ("AsyncNeverEnds", "tool_timeout", {"tool_timeout_s": 0.5}),
         ("NeverDone", "max_turns", {"max_turns": 3}),
