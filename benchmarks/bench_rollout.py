@@ -119,26 +119,10 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
     )
     tokens_per_s = tokens / wall
     step_ms = [1e3 * (b - a) for a, b in zip([0.0, *step_ends[:-1]], step_ends, strict=True)]
-    result = {
-        "mode": "overlap" if overlap else "sync",
-        "tokens": tokens,
-        "wall_s": wall,
-        "tokens_per_s": tokens_per_s,
-        "steps": steps,
-        "ms_per_step": 1e3 * wall / steps,
-        "gpu_busy": device_s / wall if cuda else None,
-        "cpu_ms_per_step": 1e3 * (wall - engine.runner.host_wait_s) / steps,
-        "roofline_tokens_per_s": roofline if cuda else None,
-        "roofline_fraction": tokens_per_s / roofline if cuda else None,
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
-        "num_kv_blocks": engine.num_kv_blocks,
-        "preemptions": engine.scheduler.num_preemptions,
-        "cuda_graphs": len(engine.runner.graphs) if engine.runner.graphs is not None else 0,
-        "truncated_at_deadline": bool(args.deadline_s and engine.has_unfinished()),
-        "setup_s": setup_s,
-        "compiled": settings["compile_model"] and cuda,
-        "step_ms": step_ms,
-    }
+    result = _run_result(
+        engine, overlap, tokens, wall, steps, device_s, roofline, setup_s, settings,
+        truncated=bool(args.deadline_s and engine.has_unfinished()), step_ms=step_ms,
+    )  # fmt: skip
     split = weight_split(model)
     if split.num_experts:
         # roofline_tokens_per_s above counts every expert (its numbers stay comparable with older
@@ -160,6 +144,36 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
     del engine
     _release_memory(cuda)
     return result
+
+
+def _run_result(
+    engine, overlap, tokens, wall, steps, device_s, roofline, setup_s, settings, truncated, step_ms
+) -> dict:
+    """What every engine run reports (both workload kinds)."""
+    import torch
+
+    cuda = engine.device.type == "cuda"
+    tokens_per_s = tokens / wall
+    return {
+        "mode": "overlap" if overlap else "sync",
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens_per_s,
+        "steps": steps,
+        "ms_per_step": 1e3 * wall / steps,
+        "gpu_busy": device_s / wall if cuda else None,
+        "cpu_ms_per_step": 1e3 * (wall - engine.runner.host_wait_s) / steps,
+        "roofline_tokens_per_s": roofline if cuda else None,
+        "roofline_fraction": tokens_per_s / roofline if cuda else None,
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        "num_kv_blocks": engine.num_kv_blocks,
+        "preemptions": engine.scheduler.num_preemptions,
+        "cuda_graphs": len(engine.runner.graphs) if engine.runner.graphs is not None else 0,
+        "truncated_at_deadline": truncated,
+        "setup_s": setup_s,
+        "compiled": settings["compile_model"] and cuda,
+        "step_ms": step_ms,
+    }
 
 
 # Regimes of a grpo run by the number of samples running: (name, fewest, most; None: no bound).
@@ -336,28 +350,13 @@ def run_grpo(model, workload, overlap: bool, prompts, args) -> dict:
     tail = (measured_running > 0) & (measured_running < TAIL_BELOW)
     tail_s = float(step_s[tail].sum())
     planned = int(sum(lengths))
-    tokens_per_s = tokens / wall
     roofline = planned / floor_s
-    result = {
-        "mode": "overlap" if overlap else "sync",
-        "tokens": tokens,
-        "wall_s": wall,
-        "tokens_per_s": tokens_per_s,
-        "steps": steps,
-        "ms_per_step": 1e3 * wall / steps,
-        "gpu_busy": device_s / wall if cuda else None,
-        "cpu_ms_per_step": 1e3 * (wall - engine.runner.host_wait_s) / steps,
-        # For grpo the roofline is the per-step floor of its own lengths (touched experts only).
-        "roofline_tokens_per_s": roofline if cuda else None,
-        "roofline_fraction": tokens_per_s / roofline if cuda else None,
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
-        "num_kv_blocks": engine.num_kv_blocks,
-        "preemptions": scheduler.num_preemptions,
-        "cuda_graphs": len(engine.runner.graphs) if engine.runner.graphs is not None else 0,
-        "truncated_at_deadline": truncated,
-        "setup_s": setup_s,
-        "compiled": settings["compile_model"] and cuda,
-        "step_ms": (1e3 * step_s).tolist(),
+    # For grpo the roofline is the per-step floor of its own lengths (touched experts only).
+    result = _run_result(
+        engine, overlap, tokens, wall, steps, device_s, roofline, setup_s, settings,
+        truncated=truncated, step_ms=(1e3 * step_s).tolist(),
+    )  # fmt: skip
+    result |= {
         "lengths": {
             "min": int(min(lengths)),
             "median": float(np.median(lengths)),

@@ -24,7 +24,7 @@ from rollout.engine.config import EngineConfig
 from rollout.engine.llm_engine import LLMEngine
 from rollout.engine.sampling_params import SamplingParams
 from rollout.engine.scheduling.sequence import Completion
-from rollout.environments.episodes import Episode, EpisodeRunner
+from rollout.environments.episodes import EpisodeRunner
 from rollout.weight_sync import (
     TornWeightsError,
     WeightGroup,
@@ -266,64 +266,45 @@ class RolloutWorker:
             if self._episodes is not None and self._episodes.owns(c.request_id):
                 self._episodes.on_completion(c)  # a model turn: its episode goes on
                 continue
-            group, received, version = self._groups[c.request_id]
             samples.append(
-                FinishedSample(
-                    group_id=group.group_id,
-                    attempt=group.attempt,
-                    sample_index=c.index,
-                    prompt_token_ids=c.prompt_token_ids,
-                    token_ids=c.token_ids,
-                    logprobs=c.logprobs,
-                    finish_reason=c.finish_reason,
-                    error=c.error,
-                    weight_versions=(version, self.version),
-                    actor=self.worker_id,
-                    received_at=received,
-                    finished_at=now,
-                    queue_wait_s=c.queue_wait_s,
-                )
-            )
-            self.metrics.record_finished(samples[-1])
-            self._remaining[c.request_id] -= 1
-            if self._remaining[c.request_id] == 0:
-                del self._remaining[c.request_id], self._groups[c.request_id]
+                self._sample(c.request_id, now, sample_index=c.index,
+                             prompt_token_ids=c.prompt_token_ids, token_ids=c.token_ids,
+                             logprobs=c.logprobs, finish_reason=c.finish_reason, error=c.error,
+                             queue_wait_s=c.queue_wait_s)
+            )  # fmt: skip
         self._publish(samples)
+
+    def _sample(self, request_id: str, now: float, **fields) -> FinishedSample:
+        """The FinishedSample of one of the group's samples; the group is done with its last."""
+        group, received, version = self._groups[request_id]
+        sample = FinishedSample(
+            group_id=group.group_id,
+            attempt=group.attempt,
+            weight_versions=(version, self.version),
+            actor=self.worker_id,
+            received_at=received,
+            finished_at=now,
+            **fields,
+        )
+        self.metrics.record_finished(sample)
+        self._remaining[request_id] -= 1
+        if self._remaining[request_id] == 0:
+            del self._remaining[request_id], self._groups[request_id]
+        return sample
 
     def _deliver_episodes(self) -> None:
         if self._episodes is None or not self._episodes.finished:
             return
         episodes, self._episodes.finished = self._episodes.finished, []
         now = time.time()
-        samples = [self._episode_sample(e, now) for e in episodes]
-        for sample, episode in zip(samples, episodes, strict=True):
-            self.metrics.record_finished(sample)
-            self._remaining[episode.group_key] -= 1
-            if self._remaining[episode.group_key] == 0:
-                del self._remaining[episode.group_key], self._groups[episode.group_key]
-        self._publish(samples)
-
-    def _episode_sample(self, episode: Episode, now: float) -> FinishedSample:
-        group, received, version = self._groups[episode.group_key]
-        return FinishedSample(
-            group_id=group.group_id,
-            attempt=group.attempt,
-            sample_index=episode.index,
-            prompt_token_ids=episode.prompt_ids,
-            token_ids=episode.token_ids,
-            logprobs=episode.logprobs,
-            finish_reason=episode.finish_reason,
-            error=episode.error,
-            weight_versions=(version, self.version),
-            actor=self.worker_id,
-            received_at=received,
-            finished_at=now,
-            queue_wait_s=episode.queue_wait_s,
-            completion_mask=episode.mask,
-            reward=episode.reward,
-            episode_status=episode.status,
-            num_turns=episode.turns,
-        )
+        self._publish([
+            self._sample(e.group_key, now, sample_index=e.index, prompt_token_ids=e.prompt_ids,
+                         token_ids=e.token_ids, logprobs=e.logprobs,
+                         finish_reason=e.finish_reason, error=e.error,
+                         queue_wait_s=e.queue_wait_s, completion_mask=e.mask, reward=e.reward,
+                         episode_status=e.status, num_turns=e.turns)
+            for e in episodes
+        ])  # fmt: skip
 
     def _publish(self, samples: list[FinishedSample]) -> None:
         if not samples:

@@ -188,7 +188,7 @@ class Scheduler:
     ) -> list[Sequence]:
         """Fill the plan's placeholders with sampled tokens; returns sequences that finished."""
         finished = []
-        step_id, eos, finished_status = plan.step_id, self.eos_token_ids, Status.FINISHED
+        step_id, finished_status = plan.step_id, Status.FINISHED
         # Python lists: per-element access to numpy arrays would build a scalar object each time.
         for sample, token, logprob in zip(
             plan.rows, token_ids.tolist(), logprobs.tolist(), strict=True
@@ -206,18 +206,25 @@ class Scheduler:
             seq.logprobs.append(logprob)
             if seq.pending_step == step_id:
                 seq.pending_step = seq.pending_row = -1
-            params = seq.params
-            if token in params.stop_token_ids or (not params.ignore_eos and token in eos):
-                reason = "stop"
-            elif params.stop and self.stop_string_hit(seq):
-                reason = "stop"
-            elif position + 1 >= seq.token_limit:
-                reason = "length"
-            else:
+            reason = self._end_reason(seq, token, position)
+            if reason is None:
                 continue
             self._finish(seq, reason, keep=position + 1)
             finished.append(seq)
         return finished
+
+    def _end_reason(self, seq: Sequence, token: int, position: int) -> str | None:
+        """Why the sample ends with `token` at `position` ("stop", "length"), or None."""
+        params = seq.params
+        if token in params.stop_token_ids or (
+            not params.ignore_eos and token in self.eos_token_ids
+        ):
+            return "stop"
+        if params.stop and self.stop_string_hit(seq):
+            return "stop"
+        if position + 1 >= seq.token_limit:
+            return "length"
+        return None
 
     # ---- helpers ----------------------------------------------------------------------------
 
@@ -315,16 +322,8 @@ class Scheduler:
         # Adapt: double the next draft while drafts are accepted, shrink it when they are not.
         seq.draft_len = min(self.speculative_tokens, max(1, 2 * j))
         self.speculation.emitted += 1
-        params = seq.params
-        if token in params.stop_token_ids or (
-            not params.ignore_eos and token in self.eos_token_ids
-        ):
-            reason = "stop"
-        elif params.stop and self.stop_string_hit(seq):
-            reason = "stop"
-        elif position + 1 >= seq.token_limit:
-            reason = "length"
-        else:
+        reason = self._end_reason(seq, token, position)
+        if reason is None:
             if j == chunk.num_drafts or token != chunk.token_ids[j + 1]:
                 # The verification ends here: blocks that only held rejected drafts go back.
                 self.block_manager.truncate(
