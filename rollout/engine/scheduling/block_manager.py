@@ -53,14 +53,11 @@ class BlockManager:
 
     # ---- prefix cache ---------------------------------------------------------------------------
 
-    def match_prefix(self, tokens: list[int], max_blocks: int) -> list[int]:
-        """The registered blocks that hold tokens' leading full blocks, at most max_blocks (no
-        references taken: `adopt` takes them)."""
+    def match_prefix(self, digests: list[bytes]) -> list[int]:
+        """The registered blocks holding a sequence's leading blocks of these digests, up to the
+        first miss (no references taken: `adopt` takes them)."""
         blocks: list[int] = []
-        digest = ROOT_DIGEST
-        size = self.block_size
-        for i in range(max_blocks):
-            digest = block_digest(digest, tokens[i * size : (i + 1) * size])
+        for digest in digests:
             block = self._by_digest.get(digest)
             if block is None:
                 break
@@ -80,20 +77,12 @@ class BlockManager:
             self.ref_counts[block] += 1
             block_table.append(block)
 
-    def register(self, block_table: list[int], tokens: list[int], num_blocks: int) -> None:
-        """Register the table's first num_blocks blocks (full, their KV computed, `tokens` their
-        contents). A block equal to one registered already stays unregistered (one copy is
-        enough); the chain goes on through it."""
-        digest = ROOT_DIGEST
-        size = self.block_size
-        for i in range(num_blocks):
-            block = block_table[i]
-            known = self._digest[block]
-            if known is not None:
-                digest = known
-                continue
-            digest = block_digest(digest, tokens[i * size : (i + 1) * size])
-            if digest not in self._by_digest:
+    def register(self, block_table: list[int], digests: list[bytes]) -> None:
+        """Register the table's first len(digests) blocks (full, their KV computed) under their
+        digests. A block equal to one registered already stays unregistered (one copy is
+        enough)."""
+        for block, digest in zip(block_table, digests, strict=False):
+            if self._digest[block] is None and digest not in self._by_digest:
                 self._digest[block] = digest
                 self._by_digest[digest] = block
 

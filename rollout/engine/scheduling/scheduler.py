@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rollout.engine.scheduling.block_manager import BlockManager
+from rollout.engine.scheduling.block_manager import ROOT_DIGEST, BlockManager, block_digest
 from rollout.engine.scheduling.ngram_drafts import GroupNgrams
 from rollout.engine.scheduling.sequence import PLACEHOLDER, Sequence, Status
 from rollout.engine.scheduling.step_plan import SampleRow, ScheduledChunk, StepPlan
@@ -147,7 +147,7 @@ class Scheduler:
             bm = self.block_manager
             # Leading blocks whose KV is cached (at least the last token is computed here).
             hits = (
-                bm.match_prefix(seq.token_ids, (seq.num_tokens - 1) // bm.block_size)
+                bm.match_prefix(self._block_digests(seq, (seq.num_tokens - 1) // bm.block_size))
                 if self.prefix_caching
                 else []
             )
@@ -362,6 +362,7 @@ class Scheduler:
             first_scheduled_time=parent.first_scheduled_time,
             status=status,
         )
+        child.block_digests = list(parent.block_digests)  # the shared prompt's
         if parent.ngrams is not None:
             child.ngrams = parent.ngrams
             child.ngrams.members.append(child)
@@ -415,11 +416,19 @@ class Scheduler:
         prefix cache, unless its KV predates the cache's epoch (older weights)."""
         if seq.cache_epoch != self.block_manager.cache_epoch:
             return
-        tokens = seq.token_ids
-        end = min(end, len(tokens))
-        if PLACEHOLDER in tokens[:end]:
-            end = tokens.index(PLACEHOLDER)
-        self.block_manager.register(seq.block_table, tokens, end // self.block_manager.block_size)
+        num_blocks = min(end, len(seq.token_ids)) // self.block_manager.block_size
+        self.block_manager.register(seq.block_table, self._block_digests(seq, num_blocks))
+
+    def _block_digests(self, seq: Sequence, num_blocks: int) -> list[bytes]:
+        """The digests of seq's first num_blocks full blocks (fewer if one holds a token still
+        on the device), each computed once."""
+        digests, tokens, size = seq.block_digests, seq.token_ids, self.block_manager.block_size
+        while len(digests) < num_blocks:
+            block = tokens[len(digests) * size : (len(digests) + 1) * size]
+            if PLACEHOLDER in block:
+                break
+            digests.append(block_digest(digests[-1] if digests else ROOT_DIGEST, block))
+        return digests[:num_blocks]
 
     def reset_prefix_cache(self) -> None:
         """Forget the cached KV (the weights changed). Sequences running now keep theirs but
