@@ -72,7 +72,6 @@ class _Group:
     limits: EpisodeLimits
     stop: tuple[str, ...]
     episodes: list[Episode]
-    row: dict
     started: bool = False
     """The first turn went to the engine (after every reset came back)."""
 
@@ -93,10 +92,9 @@ class EpisodeRunner:
         )
         self._loop_thread.start()
         self._groups: dict[str, _Group] = {}
-        self._requests: dict[str, tuple[str, list[int]]] = {}
-        """engine request id -> (group key, the episodes its samples belong to, in order)."""
-        self._pending_samples: dict[str, int] = {}
-        """engine request id -> its samples not back yet."""
+        self._requests: dict[str, tuple[str, dict[int, int]]] = {}
+        """engine request id -> (group key, the episodes of its samples not back yet, by the
+        sample's index in the request)."""
         self.finished: list[Episode] = []
         """Ended episodes; the worker takes them."""
 
@@ -114,7 +112,7 @@ class EpisodeRunner:
             seed = (self.engine.config.seed * 1_000_003 + zlib.crc32(key.encode())) % (1 << 62)
         episodes = [Episode(key, i, env_class(), seed + 7_919 * i) for i in range(params.n)]
         stop = tuple(getattr(env_class, "stop", ())) + tuple(params.stop)
-        group = _Group(key, params, limits, stop, episodes, row)
+        group = _Group(key, params, limits, stop, episodes)
         self._groups[key] = group
         for episode in episodes:
             self._call(episode, episode.env.reset, row, limits)
@@ -124,14 +122,14 @@ class EpisodeRunner:
 
     def on_completion(self, c: Completion) -> None:
         """A model turn ended: record its tokens and hand its text to the environment."""
-        key, indices = self._requests[c.request_id]
-        self._pending_samples[c.request_id] -= 1
-        if self._pending_samples[c.request_id] == 0:
-            del self._requests[c.request_id], self._pending_samples[c.request_id]
+        key, waiting = self._requests[c.request_id]
+        index = waiting.pop(c.index)  # the episode of the request's sample c.index
+        if not waiting:
+            del self._requests[c.request_id]
         group = self._groups.get(key)
         if group is None:
             return  # the group was aborted and has ended
-        episode = group.episodes[indices[c.index]]  # the request's sample c.index
+        episode = group.episodes[index]
         if episode.status is not None:
             return  # aborted meanwhile
         if episode.turns == 0:
@@ -268,8 +266,7 @@ class EpisodeRunner:
             seed=(first.seed + 104_729 * first.turns) % (1 << 62),
         )
         request_id = f"{group.key}/{first.index}/{first.turns}"
-        self._requests[request_id] = (group.key, [e.index for e in episodes])
-        self._pending_samples[request_id] = len(episodes)
+        self._requests[request_id] = (group.key, {j: e.index for j, e in enumerate(episodes)})
         self.engine.add_request(prompt_ids, params, request_id=request_id)
 
     def _end(self, episode: Episode, status: str, reward: float | None = None,
