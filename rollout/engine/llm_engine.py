@@ -101,17 +101,15 @@ class LLMEngine:
         token_ids = self._tokenize(prompt)
         arrival = next(self._arrivals)
         seed = params.seed if params.seed is not None else _derive_seed(self.config.seed, arrival)
-        if params.stop and self.tokenizer is None:
-            error = "SamplingParams.stop needs an engine with a tokenizer; use stop_token_ids"
-        else:
-            error = check_prompt(
-                token_ids,
-                params,
-                vocab_size=self.vocab_size,
-                max_model_len=self.config.max_model_len,
-                max_num_seqs=self.config.max_num_seqs,
-                cache_tokens=self.num_kv_blocks * self.config.block_size,
-            )
+        error = check_prompt(
+            token_ids,
+            params,
+            vocab_size=self.vocab_size,
+            max_model_len=self.config.max_model_len,
+            max_num_seqs=self.config.max_num_seqs,
+            cache_tokens=self.num_kv_blocks * self.config.block_size,
+            has_tokenizer=self.tokenizer is not None,
+        )
         if error is not None:
             for j in range(params.n):
                 self._ready.append(

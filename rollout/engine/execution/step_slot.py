@@ -46,10 +46,9 @@ class StepSlot:
         max_tokens: int,
         max_seqs: int,
         max_blocks_per_seq: int,
-        max_rows: int | None = None,
+        max_rows: int,
     ) -> None:
-        """`max_rows`: most tokens a step samples (default: max_seqs, one per sequence)."""
-        max_rows = max_rows or max_seqs
+        """`max_rows`: most tokens a step samples (one per sequence, plus verified drafts)."""
         pin = device.type == "cuda"
         self.max_blocks_per_seq = max_blocks_per_seq
         sizes = {

@@ -13,8 +13,11 @@ def check_prompt(
     max_model_len: int,
     max_num_seqs: int,
     cache_tokens: int,
+    has_tokenizer: bool = True,
 ) -> str | None:
     """None if the request can run; else a message that says what to change."""
+    if params.stop and not has_tokenizer:
+        return "SamplingParams.stop needs an engine with a tokenizer; use stop_token_ids"
     if len(token_ids) == 0:
         return "prompt is empty: give at least one token"
     bad = [
