@@ -22,6 +22,7 @@ import torch._dynamo
 
 from rollout.engine.model.attention_checks import check_attention_call, check_window
 from rollout.engine.model.forward_context import get_forward_context
+from rollout.engine.model.implementation_switch import implementation_selected
 
 ATTENTION_NAME = "rollout_paged"
 
@@ -76,15 +77,8 @@ def paged_attention_selected(model: torch.nn.Module) -> Iterator[None]:
     """Inside: the model's attention is ours (and no mask is built). The attention modules and
     the mask code read `config._attn_implementation` at each call, so setting it is enough; on
     the way out the model's own implementation comes back."""
-    configs = _attention_configs(model)
-    before = [c._attn_implementation for c in configs]
-    for c in configs:
-        c._attn_implementation = ATTENTION_NAME
-    try:
+    with implementation_selected(_attention_configs(model), "_attn_implementation", ATTENTION_NAME):
         yield
-    finally:
-        for c, name in zip(configs, before, strict=True):
-            c._attn_implementation = name
 
 
 def _attention_configs(model: torch.nn.Module) -> list:

@@ -20,6 +20,8 @@ from contextlib import contextmanager
 
 import torch
 
+from rollout.engine.model.implementation_switch import implementation_selected
+
 EXPERTS_NAME = "rollout_fused"
 
 
@@ -85,11 +87,5 @@ def select_fused_experts(model: torch.nn.Module) -> tuple[list, str | None]:
 @contextmanager
 def fused_experts_selected(configs: list) -> Iterator[None]:
     """Inside: the experts modules of these configs run our kernel."""
-    before = [c._experts_implementation for c in configs]
-    for c in configs:
-        c._experts_implementation = EXPERTS_NAME
-    try:
+    with implementation_selected(configs, "_experts_implementation", EXPERTS_NAME):
         yield
-    finally:
-        for c, name in zip(configs, before, strict=True):
-            c._experts_implementation = name
