@@ -64,6 +64,7 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
     )
     from rollout import EngineConfig, LLMEngine, SamplingParams
     from rollout.engine.execution.device_timing import DeviceTiming
+    from rollout.engine.scheduling.verification import SpeculationStats
 
     settings = _engine_settings(workload, overlap, args, max(workload.num_requests, 1))
     setup_start = time.perf_counter()
@@ -80,6 +81,7 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
     setup_s = time.perf_counter() - setup_start
     engine.runner.timing = DeviceTiming(engine.device)
     engine.runner.host_wait_s = 0.0
+    engine.scheduler.speculation = SpeculationStats()  # count the measured run only
     for i, prompt in enumerate(prompts):
         engine.add_request(prompt, params, request_id=f"r{i}", first_index=i)
     step_ends, tokens = [], 0
@@ -173,6 +175,24 @@ def _run_result(
         "setup_s": setup_s,
         "compiled": settings["compile_model"] and cuda,
         "step_ms": step_ms,
+        "speculation": _speculation(engine),
+    }
+
+
+def _speculation(engine) -> dict | None:
+    """What speculative decoding did in the measured run (None when it is off)."""
+    if engine.config.speculative == "none":
+        return None
+    stats = engine.speculation
+    return {
+        "verifications": stats.verifications,
+        "drafted": stats.drafted,
+        "accepted": stats.accepted,
+        "emitted": stats.emitted,
+        "acceptance_rate": stats.accepted / stats.drafted if stats.drafted else 0.0,
+        "tokens_per_verification": (
+            stats.emitted / stats.verifications if stats.verifications else 0.0
+        ),
     }
 
 
@@ -262,6 +282,7 @@ def run_grpo(model, workload, overlap: bool, prompts, args) -> dict:
     )
     from rollout import EngineConfig, LLMEngine
     from rollout.engine.execution.device_timing import DeviceTiming
+    from rollout.engine.scheduling.verification import SpeculationStats
 
     group = workload.group_size
     lengths = workload.sample_lengths()
@@ -279,6 +300,7 @@ def run_grpo(model, workload, overlap: bool, prompts, args) -> dict:
     setup_s = time.perf_counter() - setup_start
     engine.runner.timing = DeviceTiming(engine.device)
     engine.runner.host_wait_s = 0.0
+    engine.scheduler.speculation = SpeculationStats()  # count the measured run only
 
     plan = _add_planned(engine, prompts, group, lengths, "r", args.temperature, seed=0)
     scheduler, block_manager = engine.scheduler, engine.block_manager

@@ -67,6 +67,14 @@ def print_run(r: dict) -> None:
             f"reached {fmt(r.get('touched_expert_roofline_fraction'), '.1%')}",
             flush=True,
         )
+    if r.get("speculation"):
+        spec = r["speculation"]
+        print(
+            f"[bench]     speculation: {spec['verifications']} verifications, "
+            f"{spec['accepted']} of {spec['drafted']} drafts accepted "
+            f"({spec['acceptance_rate']:.1%}), {spec['tokens_per_verification']:.2f} tokens each",
+            flush=True,
+        )
     if "regimes" in r:  # a grpo run
         print(
             f"[bench]     floor {fmt(r.get('floor_s'), '.2f')} s ({fmt(r.get('floor_fraction'), '.1%')}"

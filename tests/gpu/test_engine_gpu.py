@@ -151,6 +151,7 @@ def test_speculation_on_gpu_emits_the_plain_tokens(overlap: bool) -> None:
         engine = _engine(
             model, num_kv_blocks=200, overlap=overlap, speculative="ngram", speculative_max_seqs=16
         )
+        engine.scheduler.speculation_max_pause = 0  # try every step (random drafts rarely pass)
         fast = engine.generate(PROMPTS, params)
         assert [r.token_ids for r in fast] == [r.token_ids for r in plain]
         assert engine.speculation.accepted > 0

@@ -26,7 +26,11 @@ def _engine(model, **overrides) -> LLMEngine:
         speculative_max_seqs=16,
     )
     settings.update(overrides)
-    return LLMEngine.from_model(copy.deepcopy(model), EngineConfig(**settings))
+    engine = LLMEngine.from_model(copy.deepcopy(model), EngineConfig(**settings))
+    # Try every step: a tiny random model's drafts are rarely accepted, and the pause after
+    # empty tries (tested in tests/unit/test_scheduler.py) would leave few verifications here.
+    engine.scheduler.speculation_max_pause = 0
+    return engine
 
 
 @pytest.mark.parametrize("overlap", [False, True])

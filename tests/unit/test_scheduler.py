@@ -56,6 +56,7 @@ class Harness:
     max_running: int = 0
     speculative_tokens: int = 0
     speculative_max_seqs: int = 0
+    speculation_max_pause: int = 64
     prefix_caching: bool = False
     tokens_by_position: bool = False
     """The fake device's token at a position depends only on (request, sample, position), as a
@@ -71,6 +72,7 @@ class Harness:
             eos_token_ids=self.eos,
             speculative_tokens=self.speculative_tokens,
             speculative_max_seqs=self.speculative_max_seqs,
+            speculation_max_pause=self.speculation_max_pause,
             prefix_caching=self.prefix_caching,
         )
         # A fake KV cache: the token each slot was computed from (PENDING: carried on the device,
@@ -815,7 +817,8 @@ def test_full_cache_does_not_churn_recomputes(overlap):
 
 
 def _speculating(**kwargs) -> Harness:
-    settings = dict(speculative_tokens=4, speculative_max_seqs=8)
+    """Tries to speculate every step unless told otherwise (the pause has its own test)."""
+    settings = dict(speculative_tokens=4, speculative_max_seqs=8, speculation_max_pause=0)
     settings.update(kwargs)
     return harness(**settings)
 
@@ -883,12 +886,45 @@ def test_no_speculation_while_many_sequences_run():
         h.process(plan, [3] * len(plan.rows))  # "3 3 3 ...": drafts would be found
 
 
+def test_tries_that_find_no_draft_pause_speculation_until_one_is_accepted():
+    # Speculating makes the overlap loop run a step in the sync order even when no draft turns
+    # up, so tries that gain nothing must get rarer: 2, 4, ... 64 steps apart.
+    h = _speculating(block_size=4, num_blocks=128, max_model_len=512, speculation_max_pause=64)
+    seq = h.add(make_request("r", 4, max_tokens=400, token=5, ignore_eos=True))
+    seq.token_ids[:4] = seq.prompt_token_ids[:] = [1, 2, 3, 4]
+    tries = []
+    for step in range(200):
+        if h.scheduler.wants_speculation():
+            tries.append(step)
+        plan = h.schedule(None)
+        assert not plan.speculative
+        h.process(plan, [100 + step] * len(plan.rows))  # never repeats: no n-gram to draft from
+    gaps = np.diff(tries).tolist()
+    assert tries[0] == 1 and gaps[:5] == [3, 5, 9, 17, 33] and set(gaps[5:]) == {65}
+    # A repeated bigram makes a draft at the next try; an accepted draft ends the pause.
+    for step in range(66):
+        plan = h.schedule(None)
+        if plan.speculative:
+            break
+        h.process(plan, [100 + step % 2])  # "100 101" was followed by "102" once
+    assert plan.speculative
+    h.process(plan, plan.chunks[0].token_ids[1:] + [7])  # every draft accepted
+    assert h.scheduler.wants_speculation()  # the next step tries again,
+    h.process(h.schedule(None), [8])  # finds no draft after "7" and pauses 2 steps, not 64
+    waits = 0
+    while not h.scheduler.wants_speculation():
+        h.process(h.schedule(None), [9 + waits])
+        waits += 1
+    assert waits == 2
+
+
 @st.composite
 def speculative_workloads(draw):
     h, requests = draw(workloads())
     h.tokens_by_position = True
     h.speculative_tokens = draw(st.integers(1, 4))
     h.speculative_max_seqs = draw(st.integers(1, 8))
+    h.speculation_max_pause = draw(st.sampled_from([0, 4, 64]))
     h.__post_init__()
     return h, requests
 

@@ -41,6 +41,9 @@ class Scheduler(DraftVerification):
     """Most draft tokens one verification checks (0: no speculation)."""
     speculative_max_seqs: int = 0
     """Speculate only while at most this many sequences run."""
+    speculation_max_pause: int = 64
+    """After tries to speculate that gained nothing, the longest wait before the next try, in
+    steps (0: try every step)."""
     stop_string_hit: Callable[[Sequence], bool] | None = None
     """Whether a sequence's output now contains one of its `params.stop` strings (the engine's
     detokenizing check; None: no tokenizer)."""
@@ -53,6 +56,10 @@ class Scheduler(DraftVerification):
     """Tokens whose KV came from the prefix cache instead of being computed."""
     speculation: SpeculationStats = field(default_factory=lambda: SpeculationStats())
     _next_step: int = 0
+    _speculation_misses: int = 0
+    """Tries to speculate in a row that gained nothing (verification.py)."""
+    _speculation_paused_until: int = 0
+    """The first step id that may try to speculate again."""
     _next_seq_id: int = 1_000_000_000  # forked samples; requests use small ids
 
     def __post_init__(self) -> None:
@@ -101,6 +108,7 @@ class Scheduler(DraftVerification):
         writes_in_place = self.block_manager.writes_in_place
         running = Status.RUNNING
         speculate = self.wants_speculation()
+        drafted = False  # whether a sequence was looked up for drafts
         for seq in list(self.running):
             if budget == 0 or len(chunks) == self.max_num_seqs:
                 break
@@ -117,6 +125,7 @@ class Scheduler(DraftVerification):
                 and seq.token_ids[-1] != PLACEHOLDER
             ):
                 draft = self._draft(seq, budget)
+                drafted = True
                 if draft:
                     needed = self._make_room(seq, 1 + len(draft), in_step, plan)
                     if needed >= 0:
@@ -131,6 +140,9 @@ class Scheduler(DraftVerification):
                     continue
             budget -= self._add_chunk(plan, seq, num_new, needed)
             in_step.add(seq.seq_id)
+
+        if drafted and not plan.speculative:
+            self._speculation_result(plan.step_id, gained=False)  # no draft found
 
         # Then admissions, unless this step had to preempt (the cache is full: admitting now would
         # only churn, and a just-preempted sequence may still wait for its in-flight token).
@@ -185,6 +197,7 @@ class Scheduler(DraftVerification):
         """Fill the plan's placeholders with sampled tokens; returns sequences that finished."""
         finished = []
         step_id, finished_status = plan.step_id, Status.FINISHED
+        accepted_before = self.speculation.accepted
         # Python lists: per-element access to numpy arrays would build a scalar object each time.
         for sample, token, logprob in zip(
             plan.rows, token_ids.tolist(), logprobs.tolist(), strict=True
@@ -207,6 +220,8 @@ class Scheduler(DraftVerification):
                 continue
             self._finish(seq, reason, keep=position + 1)
             finished.append(seq)
+        if plan.speculative:
+            self._speculation_result(step_id, gained=self.speculation.accepted > accepted_before)
         return finished
 
     def _end_reason(self, seq: Sequence, token: int, position: int) -> str | None:

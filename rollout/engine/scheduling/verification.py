@@ -33,8 +33,25 @@ class DraftVerification:
 
     def wants_speculation(self) -> bool:
         """Whether the next step verifies drafts where it can: few sequences run, so a step
-        reads the weights for a handful of tokens and drafted tokens come nearly free."""
-        return self.speculative_tokens > 0 and 0 < len(self.running) <= self.speculative_max_seqs
+        reads the weights for a handful of tokens and drafted tokens come nearly free, and no
+        recent try came up empty (see `_speculation_result`)."""
+        return (
+            self.speculative_tokens > 0
+            and 0 < len(self.running) <= self.speculative_max_seqs
+            and self._next_step >= self._speculation_paused_until
+        )
+
+    def _speculation_result(self, step_id: int, gained: bool) -> None:
+        """After a step that tried to speculate: whether any draft was accepted. A try costs even
+        when it finds no draft (the overlap loop runs it in the sync order), so after an empty
+        one the next tries wait 2, 4, ... up to `speculation_max_pause` steps; an accepted draft
+        ends the pause."""
+        if gained:
+            self._speculation_misses = 0
+            return
+        self._speculation_misses += 1
+        pause = min(2**self._speculation_misses, self.speculation_max_pause)
+        self._speculation_paused_until = step_id + 1 + pause
 
     def _draft(self, seq: Sequence, budget: int) -> list[int]:
         """Draft tokens for seq's next verification: at most what is left before its token
