@@ -160,3 +160,22 @@ def test_bench_multi_turn_smoke_matches_the_single_turn_tokens(tmp_path) -> None
     single, multi = report["runs"]
     assert single["model_tokens"] == multi["model_tokens"] == 2 * 3 * 3 * 8
     assert multi["prefix_hit_tokens"] > 0 and multi["tool_s_total"] > 0
+
+
+def test_bench_decode_regimes_smoke_times_each_point(tmp_path) -> None:
+    out = tmp_path / "regimes.json"
+    _script("bench_decode_regimes").main(["--smoke", "--json-out", str(out)])
+    report = json.loads(out.read_text())
+    assert [(p["batch"], p["context"]) for p in report["points"]] == [(1, 16), (4, 32)]
+    assert all(p["ms_per_step"] > 0 for p in report["points"])
+
+
+def test_bench_decode_regimes_names_kernel_kinds() -> None:
+    kind = _script("bench_decode_regimes").kernel_kind
+    assert kind("nvjet_tst_128x64_64x8_1x1_v_bz_coopB_TNN") == "gemm"
+    assert kind("_decode_kernel") == "attention"
+    assert kind("triton_red_fused_add_mean_mul_pow_rsqrt_0") == "fused norms and elementwise"
+    assert kind("_gate_up_kernel") == "moe experts"
+    assert kind("something_else") == "other"
+    with pytest.raises(SystemExit, match="is not BxC"):
+        _script("bench_decode_regimes").parse_points("8x2048,oops")

@@ -1,0 +1,251 @@
+"""Where a decode step's time goes in each regime of a grpo run: a few sequences with short
+contexts (bound by the weight read) up to many with long ones (bound by the KV read).
+
+    python benchmarks/bench_decode_regimes.py --shape qwen3-8b --json-out out/regimes.json
+    python benchmarks/bench_decode_regimes.py --smoke          # tiny model on CPU, no profile
+
+For each point "BxC" (B sequences decoding at a context of about C tokens; random weights,
+EOS ignored, the overlap loop with CUDA graphs as in the rollout benchmark), it reports:
+  - the wall time per decode step (the mean over --steps steps),
+  - the step's bandwidth floor: the weights (touched experts only for MoE) plus the B contexts'
+    KV over the copy bandwidth, and the fraction of it reached,
+  - on a GPU, the device time per step by kind of kernel (GEMMs, attention, KV writes, MoE
+    experts, sampler, fused norms and elementwise, copies, other) from a profile of --steps
+    more steps, and the gap: wall time that no kernel covers (launch gaps inside the graph, the
+    host).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# Kernel kinds by name, first match wins (cuBLAS / CUTLASS GEMMs, our Triton kernels, inductor's
+# fused kernels named triton_poi_ / triton_red_ / triton_per_).
+KERNEL_KINDS = (
+    ("moe experts", r"_gate_up_kernel|_down_kernel|grouped_mm|_moe"),
+    ("gemm", r"nvjet|gemm|cutlass|splitK|_decode_linear|xmma|cublas|sm90"),
+    ("attention", r"_decode_kernel|_extend_kernel|attention|flash|fmha"),
+    ("kv write", r"_write_kv"),
+    ("sampler", r"_sample_|argmax|softmax|topk|sort"),
+    ("fused norms and elementwise", r"^triton_"),
+    ("copies", r"[Mm]emcpy|[Mm]emset|copy|fill|index"),
+)
+
+
+def kernel_kind(name: str) -> str:
+    for kind, pattern in KERNEL_KINDS:
+        if re.search(pattern, name):
+            return kind
+    return "other"
+
+
+def parse_points(text: str) -> list[tuple[int, int]]:
+    points = []
+    for item in text.split(","):
+        try:
+            batch, context = (int(x) for x in item.lower().split("x"))
+        except ValueError:
+            raise SystemExit(f"--points: {item!r} is not BxC (e.g. 8x2048)") from None
+        if batch < 1 or context < 2:
+            raise SystemExit(f"--points: {item!r} needs B >= 1 and C >= 2")
+        points.append((batch, context))
+    return points
+
+
+def measure_point(engine, model, batch: int, context: int, steps: int, profile: bool) -> dict:
+    """Decode `batch` sequences from a `context`-token prompt (distinct random prompts) for
+    `steps` timed steps, then `steps` profiled ones."""
+    import torch
+
+    from benchmarks.lib.roofline import (
+        H200_COPY_BANDWIDTH,
+        kv_bytes_per_token,
+        per_step_floor,
+        weight_split,
+    )
+    from rollout import SamplingParams
+
+    cuda = engine.device.type == "cuda"
+    g = torch.Generator().manual_seed(batch * 100_003 + context)
+    vocab = min(16000, model.config.vocab_size)
+    warm = 12  # past the prefill, and the decode graph of this batch size captured
+    params = SamplingParams(max_tokens=warm + 2 * steps + 8, ignore_eos=True, seed=5)
+    for i in range(batch):
+        prompt = torch.randint(0, vocab, (context,), generator=g).tolist()
+        engine.add_request(prompt, params, request_id=f"b{batch}c{context}-{i}", first_index=i)
+    # Admit every prompt first (prefill chunks), then decode until the batch is steady.
+    while engine.scheduler.waiting or any(
+        s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running
+    ):
+        engine.step()
+    for _ in range(warm):
+        engine.step()
+    assert len(engine.scheduler.running) == batch, "the cache must hold the whole batch"
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.step()  # the overlap loop: one step stays in flight, as in a rollout
+    if cuda:
+        torch.cuda.synchronize()
+    wall_ms = 1e3 * (time.perf_counter() - start) / steps
+    result = {"batch": batch, "context": context, "ms_per_step": wall_ms}
+
+    split = weight_split(model)
+    kv_per_token = kv_bytes_per_token(model.config, engine.runner.kv_caches[0][0].element_size())
+    mean_context = context + warm + steps  # the measured steps' context, to a few tokens
+    floor, _ = per_step_floor(
+        mean_context,
+        [1] * batch,
+        split.dense_bytes,
+        kv_per_token,
+        windows=engine.runner.windows,
+        expert_bytes=split.expert_bytes,
+        num_experts=split.num_experts,
+        top_k=split.top_k,
+    )
+    result["floor_ms"] = 1e3 * float(floor[0]) if cuda else None
+    result["of_floor"] = result["floor_ms"] / result["ms_per_step"] if cuda else None
+    result["kv_share_of_floor"] = (
+        batch * mean_context * kv_per_token / (float(floor[0]) * H200_COPY_BANDWIDTH)
+        if cuda
+        else None
+    )
+
+    if profile and cuda:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                engine.step()
+            torch.cuda.synchronize()
+        kinds: dict[str, float] = {}
+        top = []
+        for event in prof.key_averages():
+            us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+            if not us:
+                continue
+            kind = kernel_kind(event.key)
+            kinds[kind] = kinds.get(kind, 0.0) + us / steps / 1e3
+            top.append((us / steps / 1e3, event.count / steps, kind, event.key[:80]))
+        kernels_ms = sum(kinds.values())
+        result["kernels_ms"] = kernels_ms
+        result["gap_ms"] = result["ms_per_step"] - kernels_ms
+        result["by_kind_ms"] = dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
+        top.sort(reverse=True)
+        result["top_kernels"] = [
+            {"ms": ms, "calls": calls, "kind": kind, "name": name}
+            for ms, calls, kind, name in top[:12]
+        ]
+    while engine.has_unfinished():
+        engine.step()
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--shape", default="qwen3-8b", help="a key of workloads.SHAPES")
+    parser.add_argument(
+        "--points",
+        default="1x1024,2x1024,4x2048,8x2048,16x4096,64x4096,128x4096",
+        help="BxC: B sequences decoding at a context of C tokens, comma-separated",
+    )
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="tiny model on CPU, no profile")
+    parser.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--json-out", default="")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from benchmarks.bench_rollout import _engine_overrides
+    from benchmarks.lib.report import commit_id
+    from benchmarks.lib.workloads import SHAPES, build_model
+    from rollout import EngineConfig, LLMEngine
+
+    if args.smoke:
+        args.shape, args.points, args.steps, args.no_profile = "tiny", "1x16,4x32", 4, True
+    if args.shape not in SHAPES:
+        raise SystemExit(f"--shape {args.shape!r}: one of {', '.join(SHAPES)}")
+    points = parse_points(args.points)
+    device = "cuda" if not args.smoke else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA device; try --smoke on CPU")
+    torch.manual_seed(0)
+    dtype = "bfloat16" if device == "cuda" else "float32"
+    model = build_model(SHAPES[args.shape], dtype, device)
+    longest = max(c for _, c in points) + 12 + 2 * args.steps + 16
+    settings = dict(
+        device=device,
+        dtype=dtype,
+        max_model_len=longest,
+        max_num_seqs=max(b for b, _ in points),
+        max_num_batched_tokens=8192,
+        overlap=True,
+        cuda_graphs=device == "cuda",
+        compile_model=device == "cuda",
+    )
+    settings.update(_engine_overrides(args.engine))
+    engine = LLMEngine.from_model(model, EngineConfig(**settings))
+    commit, date = commit_id(), datetime.date.today().isoformat()
+    report = {
+        "benchmark": "decode_regimes",
+        "shape": args.shape,
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "commit": commit,
+        "date": date,
+        "engine": settings,
+        "steps": args.steps,
+        "points": [],
+    }
+    for batch, context in points:
+        print(f"[regimes] {batch} x {context} ...", flush=True)
+        point = measure_point(engine, model, batch, context, args.steps, not args.no_profile)
+        report["points"].append(point)
+        _print_point(point)
+        if args.json_out:
+            Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json_out).write_text(json.dumps(report, indent=1))
+    _print_table(report)
+
+
+def _print_point(p: dict) -> None:
+    floor = "" if p["floor_ms"] is None else f", floor {p['floor_ms']:.2f} ms ({p['of_floor']:.0%})"
+    print(f"[regimes]   {p['ms_per_step']:.2f} ms/step{floor}", flush=True)
+    if "by_kind_ms" in p:
+        kinds = ", ".join(f"{k} {v:.2f}" for k, v in p["by_kind_ms"].items())
+        print(f"[regimes]   kernels {p['kernels_ms']:.2f} ms ({kinds}); gap {p['gap_ms']:.2f} ms")
+
+
+def _print_table(report: dict) -> None:
+    print(f"\n{report['shape']} on {report['device']} ({report['commit']}, {report['date']})")
+    kinds = sorted({k for p in report["points"] for k in p.get("by_kind_ms", {})})
+    header = ["B x C", "ms/step", "floor ms", "of floor", *kinds, "gap ms"]
+    print("| " + " | ".join(header) + " |")
+    print("|---" * len(header) + "|")
+    for p in report["points"]:
+        cells = [
+            f"{p['batch']} x {p['context']}",
+            f"{p['ms_per_step']:.2f}",
+            "-" if p["floor_ms"] is None else f"{p['floor_ms']:.2f}",
+            "-" if p["of_floor"] is None else f"{p['of_floor']:.0%}",
+            *(f"{p['by_kind_ms'].get(k, 0):.2f}" for k in kinds),
+            f"{p['gap_ms']:.2f}" if "gap_ms" in p else "-",
+        ]
+        print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
