@@ -105,3 +105,40 @@ def test_speculation_is_refused_with_a_clear_message_for_bad_settings() -> None:
         EngineConfig(speculative="eagle")
     with pytest.raises(ValueError, match="num_speculative_tokens must be a positive int"):
         EngineConfig(speculative="ngram", num_speculative_tokens=0)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_verification_steps_laid_out_for_a_graph_emit_the_plain_tokens(overlap: bool) -> None:
+    """On a GPU a verification step replays a CUDA graph: its sequences padded to a bucket and
+    each to num_speculative_tokens + 1 tokens (padding first, writing no KV). Here the same
+    padded layout runs eagerly on CPU, through the real model and sampler, in every step that
+    a graph would take: tokens and logprobs must equal the plain run's."""
+    from rollout.engine.execution import model_runner
+    from rollout.engine.execution.cuda_graph import graph_width, pad_step_inputs
+
+    model = tiny_model("llama", eos_token_id=EOS)
+    params = SamplingParams(max_tokens=40, temperature=0.5, n=3, seed=11)
+    plain = _engine(model, speculative="none", overlap=overlap).generate(PROMPTS, params)
+    engine = _engine(model, overlap=overlap, max_num_batched_tokens=128)
+    runner = engine.runner
+    launch = runner.launch
+    padded_steps = []
+
+    def launch_padded(step_id, inputs):
+        width = graph_width(inputs, runner.verify_width)
+        if width is None or width == 1:
+            return launch(step_id, inputs)
+        bucket = 1 << (inputs.num_seqs - 1).bit_length()  # a power of two, as the buckets
+        slot = runner.slots[step_id % 2]
+        padded = pad_step_inputs(inputs, bucket, width, slot.max_blocks_per_seq)
+        padded_steps.append((inputs.num_tokens, padded.num_tokens))
+        handle = launch(step_id, padded)
+        return model_runner.StepHandle(step_id, handle.slot, inputs.num_rows)
+
+    runner.launch = launch_padded
+    fast = engine.generate(PROMPTS, params)
+    assert [r.token_ids for r in fast] == [r.token_ids for r in plain]
+    for a, b in zip(fast, plain, strict=True):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert engine.speculation.accepted > 0
+    assert padded_steps and any(real < padded for real, padded in padded_steps)

@@ -18,8 +18,8 @@ from rollout.engine.execution.cuda_graph import (
     SAMPLER_PLAIN,
     DecodeGraphs,
     default_buckets,
-    graph_eligible,
-    pad_decode_inputs,
+    graph_width,
+    pad_step_inputs,
 )
 from rollout.engine.execution.device_timing import DeviceTiming
 from rollout.engine.execution.kv_cache import KVCacheShape, allocate_kv_caches
@@ -35,6 +35,7 @@ from rollout.engine.model.fused_projections import fuse_projections, route_decod
 from rollout.engine.scheduling.step_inputs import StepInputs
 from rollout.kernels import resolve_attention_backend
 from rollout.kernels.attention_metadata import AttentionMetadata
+from rollout.kernels.tiling import EXTEND_BLOCK_M
 
 
 @dataclass
@@ -80,6 +81,8 @@ class ModelRunner:
             for _ in range(2)
         ]
         self.graphs: DecodeGraphs | None = None
+        # Tokens per sequence of a verification step's graph (1: no speculation).
+        self.verify_width = config.num_speculative_tokens + 1 if config.speculative != "none" else 1
         if config.cuda_graphs and device.type == "cuda" and self.backend.name == "triton":
             # The torch twin reads host-side lengths, which a graph cannot refresh: eager there.
             self.graphs = DecodeGraphs(default_buckets(config.max_num_seqs), self.streams.compute)
@@ -106,11 +109,15 @@ class ModelRunner:
         slot = self.slots[slot_index]
         previous = self.slots[(step_id - 1) % 2]  # its sampled tokens feed our placeholders
         num_rows = inputs.num_rows
-        bucket = None
-        if self.graphs is not None and graph_eligible(inputs):
-            bucket = self.graphs.bucket_for(inputs.num_seqs)
-            if bucket is not None:
-                inputs = pad_decode_inputs(inputs, bucket, slot.max_blocks_per_seq)
+        bucket = width = None
+        if self.graphs is not None:
+            width = graph_width(inputs, self.verify_width)
+            if width is not None:
+                bucket = self.graphs.bucket_for(inputs.num_seqs)
+            if bucket is not None and slot.fits(bucket * width, bucket * width):
+                inputs = pad_step_inputs(inputs, bucket, width, slot.max_blocks_per_seq)
+            else:
+                bucket = None
         shapes = slot.fill_host(inputs)
         streams = self.streams
         with streams.on(streams.copy_in):
@@ -127,9 +134,13 @@ class ModelRunner:
                     SAMPLER_FILTERED if (inputs.needs_sort or inputs.needs_min_p) else SAMPLER_PLAIN
                 )
                 graph = self.graphs.get(
-                    (slot_index, bucket, mode),
+                    (slot_index, bucket, mode, width),
                     lambda: self._forward_and_sample(
-                        slot, previous, self._graph_views(slot, bucket), inputs, graph_mode=mode
+                        slot,
+                        previous,
+                        self._graph_views(slot, bucket, width),
+                        inputs,
+                        graph_mode=mode,
                     ),
                 )
                 graph.replay()
@@ -207,13 +218,16 @@ class ModelRunner:
                 slot.logprobs_device[:num_rows],
             )
 
-    def _graph_views(self, slot: StepSlot, bucket: int) -> dict[str, torch.Tensor]:
-        """Static views of the slot's device buffers for a padded decode step of `bucket` rows
-        (the same memory that copy_to_device fills for such a step)."""
-        shapes = {name: (bucket,) for name in slot.device}
+    def _graph_views(self, slot: StepSlot, bucket: int, width: int) -> dict[str, torch.Tensor]:
+        """Static views of the slot's device buffers for a padded step of `bucket` sequences of
+        `width` tokens (the same memory that copy_to_device fills for such a step)."""
+        shapes = {name: (bucket * width,) for name in slot.device}  # per token and per row
+        shapes["seq_lens"] = (bucket,)
         shapes["query_start_loc"] = (bucket + 1,)
         shapes["block_tables"] = (bucket, slot.max_blocks_per_seq)
         shapes["block_copies"] = (0, 2)
+        q_blocks = bucket * -(-width // EXTEND_BLOCK_M)
+        shapes["q_block_seq"] = shapes["q_block_start"] = (q_blocks,)
         return {name: slot.device_view(name, shape) for name, shape in shapes.items()}
 
     def wait(self, handle: StepHandle) -> tuple[np.ndarray, np.ndarray]:

@@ -51,6 +51,7 @@ class StepSlot:
         """`max_rows`: most tokens a step samples (one per sequence, plus verified drafts)."""
         pin = device.type == "cuda"
         self.max_blocks_per_seq = max_blocks_per_seq
+        self.max_tokens, self.max_rows = max_tokens, max_rows
         sizes = {
             "tokens": max_tokens,
             "seqs": max_seqs,
@@ -80,6 +81,10 @@ class StepSlot:
         self.copy_in_done = streams.new_event()
         self.compute_done = streams.new_event()
         self.copy_out_done = streams.new_event()
+
+    def fits(self, num_tokens: int, num_rows: int) -> bool:
+        """Whether a step of this many tokens and sampler rows fits the slot's buffers."""
+        return num_tokens <= self.max_tokens and num_rows <= self.max_rows
 
     def fill_host(self, inputs: StepInputs) -> dict[str, tuple[int, ...]]:
         """Write the step's arrays into the pinned host buffers; returns each array's shape."""
