@@ -292,7 +292,7 @@ def run_grpo(model, workload, overlap: bool, prompts, args) -> dict:
     # Warm-up through every batch size the run will see (graphs are captured per size, and a
     # capture inside the measured tail would be timed as tail).
     warmup = [min(n, workload.length_max) for n in _warmup_lengths(workload.num_samples)]
-    _run_planned(engine, prompts, group, warmup, "w", temperature=1.0, seed=1)
+    _run_planned(engine, prompts, group, warmup, "w", args.temperature, seed=1)
     cuda = engine.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
