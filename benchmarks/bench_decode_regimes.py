@@ -13,6 +13,8 @@ EOS ignored, the overlap loop with CUDA graphs as in the rollout benchmark), it 
     experts, sampler, fused norms and elementwise, copies, other) from a profile of --steps
     more steps, and the gap: wall time that no kernel covers (launch gaps inside the graph, the
     host).
+A point whose batch does not stay whole through those steps (its KV does not fit the cache,
+so sequences are preempted and recomputed) stops the run with a message.
 """
 
 from __future__ import annotations
@@ -76,19 +78,23 @@ def measure_point(engine, model, batch: int, context: int, steps: int, profile: 
     cuda = engine.device.type == "cuda"
     g = torch.Generator().manual_seed(batch * 100_003 + context)
     vocab = min(16000, model.config.vocab_size)
-    warm = 12  # past the prefill, and the decode graph of this batch size captured
-    params = SamplingParams(max_tokens=warm + 2 * steps + 8, ignore_eos=True, seed=5)
-    for i in range(batch):
+    # Every sequence must still be decoding in the last profiled step (see decode_tokens).
+    params = SamplingParams(
+        max_tokens=decode_tokens(batch, context, steps, engine.config.max_num_batched_tokens),
+        ignore_eos=True,
+    )
+    ids = [f"b{batch}c{context}-{i}" for i in range(batch)]
+    for i, request_id in enumerate(ids):
         prompt = torch.randint(0, vocab, (context,), generator=g).tolist()
-        engine.add_request(prompt, params, request_id=f"b{batch}c{context}-{i}", first_index=i)
+        engine.add_request(prompt, params, request_id=request_id, first_index=i)
     # Admit every prompt first (prefill chunks), then decode until the batch is steady.
     while engine.scheduler.waiting or any(
         s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running
     ):
         engine.step()
-    for _ in range(warm):
+    for _ in range(WARM_STEPS):  # the decode graph of this batch size captured
         engine.step()
-    assert len(engine.scheduler.running) == batch, "the cache must hold the whole batch"
+    preemptions = engine.scheduler.num_preemptions
     if cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -101,7 +107,8 @@ def measure_point(engine, model, batch: int, context: int, steps: int, profile: 
 
     split = weight_split(model)
     kv_per_token = kv_bytes_per_token(model.config, engine.runner.kv_caches[0][0].element_size())
-    mean_context = context + warm + steps  # the measured steps' context, to a few tokens
+    # The measured steps' mean context, to within the prefill's stagger.
+    mean_context = context + WARM_STEPS + steps // 2
     floor, _ = per_step_floor(
         mean_context,
         [1] * batch,
@@ -146,9 +153,30 @@ def measure_point(engine, model, batch: int, context: int, steps: int, profile: 
             {"ms": ms, "calls": calls, "kind": kind, "name": name}
             for ms, calls, kind, name in top[:12]
         ]
+    # The whole batch decoded through every measured step, none preempted (a point whose KV
+    # does not fit the cache measures recomputation instead: it is refused).
+    if len(engine.scheduler.running) != batch or engine.scheduler.num_preemptions != preemptions:
+        raise SystemExit(
+            f"point {batch}x{context}: the batch did not stay whole ({len(engine.scheduler.running)}"
+            f" running, {engine.scheduler.num_preemptions - preemptions} preemptions): its KV "
+            "does not fit the cache; use a smaller point"
+        )
+    for request_id in ids:
+        engine.abort(request_id)
     while engine.has_unfinished():
         engine.step()
     return result
+
+
+WARM_STEPS = 12
+
+
+def decode_tokens(batch: int, context: int, steps: int, per_step: int) -> int:
+    """New tokens per sequence that cover the prefill's stagger (a sequence admitted first
+    decodes while the later prompts are prefilled, `per_step` prompt tokens a step), the
+    warm-up, the timed and the profiled steps."""
+    stagger = -(-batch * context // per_step) + batch
+    return stagger + WARM_STEPS + 2 * steps + 4
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -186,13 +214,14 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     dtype = "bfloat16" if device == "cuda" else "float32"
     model = build_model(SHAPES[args.shape], dtype, device)
-    longest = max(c for _, c in points) + 12 + 2 * args.steps + 16
+    per_step = 8192  # prompt tokens a step
+    longest = max(c + decode_tokens(b, c, args.steps, per_step) for b, c in points)
     settings = dict(
         device=device,
         dtype=dtype,
         max_model_len=longest,
         max_num_seqs=max(b for b, _ in points),
-        max_num_batched_tokens=8192,
+        max_num_batched_tokens=per_step,
         overlap=True,
         cuda_graphs=device == "cuda",
         compile_model=device == "cuda",
