@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from rollout.engine.scheduling.sequence import Sequence
 from rollout.engine.scheduling.step_plan import SampleRow, ScheduledChunk, StepPlan
 
+FREE_MISSES = 3  # tries in a row that may gain nothing before the pauses start
+
 
 @dataclass
 class SpeculationStats:
@@ -34,7 +36,7 @@ class DraftVerification:
     def wants_speculation(self) -> bool:
         """Whether the next step verifies drafts where it can: few sequences run, so a step
         reads the weights for a handful of tokens and drafted tokens come nearly free, and no
-        recent try came up empty (see `_speculation_result`)."""
+        run of recent tries came up empty (see `_speculation_result`)."""
         return (
             self.speculative_tokens > 0
             and 0 < len(self.running) <= self.speculative_max_seqs
@@ -43,14 +45,17 @@ class DraftVerification:
 
     def _speculation_result(self, step_id: int, gained: bool) -> None:
         """After a step that tried to speculate: whether any draft was accepted. A try costs even
-        when it finds no draft (the overlap loop runs it in the sync order), so after an empty
-        one the next tries wait 2, 4, ... up to `speculation_max_pause` steps; an accepted draft
-        ends the pause."""
+        when it finds no draft (the overlap loop runs it in the sync order), so once
+        FREE_MISSES tries in a row have come up empty the next ones wait 2, 4, ... up to
+        `speculation_max_pause` steps; an accepted draft ends the pause. (A real model's drafts
+        come and go: pausing from the first empty try cost the built-in model a third of its
+        gain, docs/performance.md.)"""
         if gained:
             self._speculation_misses = 0
             return
         self._speculation_misses += 1
-        pause = min(2**self._speculation_misses, self.speculation_max_pause)
+        misses = self._speculation_misses - FREE_MISSES
+        pause = 0 if misses <= 0 else min(2**misses, self.speculation_max_pause)
         self._speculation_paused_until = step_id + 1 + pause
 
     def _draft(self, seq: Sequence, budget: int) -> list[int]:
