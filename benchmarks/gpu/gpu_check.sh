@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, \
   'transformers', transformers.__version__, 'triton', triton.__version__)" |
   tee -a "$OUT_DIR/device.txt"
-timeout ${PYTEST_TIMEOUT:-240} python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu 2>&1 |
+timeout ${PYTEST_TIMEOUT:-600} python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu 2>&1 |
   tee "$OUT_DIR/pytest_gpu.log" | tail -25
 timeout 120 python3 benchmarks/bench_attention.py --json-out "$OUT_DIR/attention.json" 2>&1 |
   tee "$OUT_DIR/attention.log"
