@@ -109,10 +109,11 @@ def test_speculation_is_refused_with_a_clear_message_for_bad_settings() -> None:
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_verification_steps_laid_out_for_a_graph_emit_the_plain_tokens(overlap: bool) -> None:
-    """On a GPU a verification step replays a CUDA graph: its sequences padded to a bucket and
-    each to num_speculative_tokens + 1 tokens (padding first, writing no KV). Here the same
-    padded layout runs eagerly on CPU, through the real model and sampler, in every step that
-    a graph would take: tokens and logprobs must equal the plain run's."""
+    """On a GPU decode and verification steps replay CUDA graphs: their sequences padded to a
+    bucket, and a verification's each to num_speculative_tokens + 1 tokens (padding first,
+    writing no KV). Here the same padded layouts run eagerly on CPU, through the real model and
+    sampler, in every step that a graph would take: tokens and logprobs must equal the plain
+    run's."""
     from rollout.engine.execution import model_runner
     from rollout.engine.execution.cuda_graph import graph_width, pad_step_inputs
 
@@ -126,12 +127,12 @@ def test_verification_steps_laid_out_for_a_graph_emit_the_plain_tokens(overlap: 
 
     def launch_padded(step_id, inputs):
         width = graph_width(inputs, runner.verify_width)
-        if width is None or width == 1:
-            return launch(step_id, inputs)
+        if width is None:
+            return launch(step_id, inputs)  # a prefill or mixed step: eager on a GPU too
         bucket = 1 << (inputs.num_seqs - 1).bit_length()  # a power of two, as the buckets
         slot = runner.slots[step_id % 2]
         padded = pad_step_inputs(inputs, bucket, width, slot.max_blocks_per_seq)
-        padded_steps.append((inputs.num_tokens, padded.num_tokens))
+        padded_steps.append((width, inputs.num_tokens, padded.num_tokens))
         handle = launch(step_id, padded)
         return model_runner.StepHandle(step_id, handle.slot, inputs.num_rows)
 
@@ -141,4 +142,6 @@ def test_verification_steps_laid_out_for_a_graph_emit_the_plain_tokens(overlap: 
     for a, b in zip(fast, plain, strict=True):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
     assert engine.speculation.accepted > 0
-    assert padded_steps and any(real < padded for real, padded in padded_steps)
+    widths = {width for width, _, _ in padded_steps}
+    assert widths == {1, runner.verify_width}, widths
+    assert any(real < padded for width, real, padded in padded_steps if width > 1)
