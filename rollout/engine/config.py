@@ -39,7 +39,8 @@ class EngineConfig:
     overlap: bool = True
     """Overlap loop (CPU prepares step N+1 while the device runs step N); False = the sync loop."""
     cuda_graphs: bool = True
-    """Capture decode steps in CUDA graphs (CUDA only; ignored on CPU)."""
+    """Capture decode and speculative verification steps in CUDA graphs (CUDA only; ignored on
+    CPU)."""
     compile_model: bool = True
     """Fuse the decoder layers' small ops (norms, rotary, activation, residuals) with
     torch.compile (CUDA only; our attention stays outside the compiled code). Adds startup time."""
