@@ -13,6 +13,8 @@ EOS ignored, the overlap loop with CUDA graphs as in the rollout benchmark), it 
     experts, sampler, fused norms and elementwise, copies, other) from a profile of --steps
     more steps, and the gap: wall time that no kernel covers (launch gaps inside the graph, the
     host).
+With --verify-drafts K, each point also times verification steps of K drafts a sequence against
+the plain step (what speculative decoding's verification costs where it runs).
 A point whose batch does not stay whole through those steps (its KV does not fit the cache,
 so sequences are preempted and recomputed) stops the run with a message.
 """
@@ -62,9 +64,12 @@ def parse_points(text: str) -> list[tuple[int, int]]:
     return points
 
 
-def measure_point(engine, model, batch: int, context: int, steps: int, profile: bool) -> dict:
+def measure_point(
+    engine, model, batch: int, context: int, steps: int, profile: bool, verify_drafts: int = 0
+) -> dict:
     """Decode `batch` sequences from a `context`-token prompt (distinct random prompts) for
-    `steps` timed steps, then `steps` profiled ones."""
+    `steps` timed steps, then `steps` profiled ones, then (verify_drafts > 0) `steps`
+    verification steps of that many drafts a sequence."""
     import torch
 
     from benchmarks.lib.roofline import (
@@ -153,6 +158,8 @@ def measure_point(engine, model, batch: int, context: int, steps: int, profile: 
             {"ms": ms, "calls": calls, "kind": kind, "name": name}
             for ms, calls, kind, name in top[:12]
         ]
+    if verify_drafts:
+        result |= time_verifications(engine, steps, verify_drafts, wall_ms, cuda)
     # The whole batch decoded through every measured step, none preempted (a point whose KV
     # does not fit the cache measures recomputation instead: it is refused).
     if len(engine.scheduler.running) != batch or engine.scheduler.num_preemptions != preemptions:
@@ -171,12 +178,55 @@ def measure_point(engine, model, batch: int, context: int, steps: int, profile: 
 WARM_STEPS = 12
 
 
+def time_verifications(engine, steps: int, drafts: int, plain_ms: float, cuda: bool) -> dict:
+    """Wall time of speculative verification steps at the current batch: every sequence
+    verifies `drafts` drafts a step (its last token repeated: with random weights they are
+    rejected, so this is the cost of a verification, not its gain), scheduled and run as the
+    engine runs real ones (block tables, CUDA graphs, the sync order of the overlap loop)."""
+    import torch
+
+    scheduler = engine.scheduler
+
+    def forced_draft(seq, budget: int) -> list[int]:
+        most = min(drafts, seq.token_limit - len(seq.token_ids) - 1, budget - 1)
+        return [seq.token_ids[-1]] * max(most, 0)
+
+    scheduler._draft = forced_draft
+    scheduler.speculative_tokens, scheduler.speculation_max_pause = drafts, 0
+    try:
+        for _ in range(4):  # the verification graphs of this batch size captured
+            engine.step()
+        stats = scheduler.speculation
+        before = (stats.verifications, stats.emitted)
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        if cuda:
+            torch.cuda.synchronize()
+        verify_ms = 1e3 * (time.perf_counter() - start) / steps
+    finally:
+        del scheduler._draft
+        scheduler.speculative_tokens = 0
+    verifications = stats.verifications - before[0]
+    return {
+        "verify_drafts": drafts,
+        "verify_ms_per_step": verify_ms,
+        "verify_over_plain": verify_ms / plain_ms,
+        "verifications_per_step": verifications / steps,
+        "tokens_per_verification": (stats.emitted - before[1]) / verifications
+        if verifications
+        else 0.0,
+    }
+
+
 def decode_tokens(batch: int, context: int, steps: int, per_step: int) -> int:
     """New tokens per sequence that cover the prefill's stagger (a sequence admitted first
     decodes while the later prompts are prefilled, `per_step` prompt tokens a step), the
-    warm-up, the timed and the profiled steps."""
+    warm-up, the timed, the profiled and the verification steps."""
     stagger = -(-batch * context // per_step) + batch
-    return stagger + WARM_STEPS + 2 * steps + 4
+    return stagger + WARM_STEPS + 3 * steps + 8
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -192,6 +242,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny model on CPU, no profile")
+    parser.add_argument(
+        "--verify-drafts",
+        type=int,
+        default=0,
+        help="also time speculative verification steps of this many drafts a sequence",
+    )
     parser.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--json-out", default="")
     args = parser.parse_args(argv)
@@ -226,8 +282,15 @@ def main(argv: list[str] | None = None) -> None:
         cuda_graphs=device == "cuda",
         compile_model=device == "cuda",
     )
+    if args.verify_drafts:
+        settings.update(
+            speculative="ngram",
+            num_speculative_tokens=args.verify_drafts,
+            speculative_max_seqs=settings["max_num_seqs"],
+        )
     settings.update(_engine_overrides(args.engine))
     engine = LLMEngine.from_model(model, EngineConfig(**settings))
+    engine.scheduler.speculative_tokens = 0  # plain decoding, but for the verification timings
     commit, date = commit_id(), datetime.date.today().isoformat()
     report = {
         "benchmark": "decode_regimes",
@@ -241,7 +304,9 @@ def main(argv: list[str] | None = None) -> None:
     }
     for batch, context in points:
         print(f"[regimes] {batch} x {context} ...", flush=True)
-        point = measure_point(engine, model, batch, context, args.steps, not args.no_profile)
+        point = measure_point(
+            engine, model, batch, context, args.steps, not args.no_profile, args.verify_drafts
+        )
         report["points"].append(point)
         _print_point(point)
         if args.json_out:
@@ -253,6 +318,13 @@ def main(argv: list[str] | None = None) -> None:
 def _print_point(p: dict) -> None:
     floor = "" if p["floor_ms"] is None else f", floor {p['floor_ms']:.2f} ms ({p['of_floor']:.0%})"
     print(f"[regimes]   {p['ms_per_step']:.2f} ms/step{floor}", flush=True)
+    if "verify_ms_per_step" in p:
+        print(
+            f"[regimes]   verification of {p['verify_drafts']} drafts: "
+            f"{p['verify_ms_per_step']:.2f} ms/step ({p['verify_over_plain']:.2f}x plain), "
+            f"{p['tokens_per_verification']:.2f} tokens each",
+            flush=True,
+        )
     if "by_kind_ms" in p:
         kinds = ", ".join(f"{k} {v:.2f}" for k, v in p["by_kind_ms"].items())
         print(f"[regimes]   kernels {p['kernels_ms']:.2f} ms ({kinds}); gap {p['gap_ms']:.2f} ms")

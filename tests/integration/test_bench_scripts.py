@@ -164,10 +164,15 @@ def test_bench_multi_turn_smoke_matches_the_single_turn_tokens(tmp_path) -> None
 
 def test_bench_decode_regimes_smoke_times_each_point(tmp_path) -> None:
     out = tmp_path / "regimes.json"
-    _script("bench_decode_regimes").main(["--smoke", "--json-out", str(out)])
+    _script("bench_decode_regimes").main(
+        ["--smoke", "--verify-drafts", "3", "--json-out", str(out)]
+    )
     report = json.loads(out.read_text())
     assert [(p["batch"], p["context"]) for p in report["points"]] == [(1, 16), (4, 32)]
-    assert all(p["ms_per_step"] > 0 for p in report["points"])
+    assert all(p["ms_per_step"] > 0 and p["verify_ms_per_step"] > 0 for p in report["points"])
+    # Every sequence verified every step; random drafts are rejected, so one token each.
+    assert all(p["verifications_per_step"] == p["batch"] for p in report["points"])
+    assert all(1 <= p["tokens_per_verification"] < 1.5 for p in report["points"])
 
 
 def test_bench_decode_regimes_names_kernel_kinds() -> None:
