@@ -72,12 +72,7 @@ def measure_point(
     verification steps of that many drafts a sequence."""
     import torch
 
-    from benchmarks.lib.roofline import (
-        H200_COPY_BANDWIDTH,
-        kv_bytes_per_token,
-        per_step_floor,
-        weight_split,
-    )
+    from benchmarks.lib.roofline import H200_COPY_BANDWIDTH, engine_step_floor, kv_bytes_per_token
     from rollout import SamplingParams
 
     cuda = engine.device.type == "cuda"
@@ -110,20 +105,10 @@ def measure_point(
     wall_ms = 1e3 * (time.perf_counter() - start) / steps
     result = {"batch": batch, "context": context, "ms_per_step": wall_ms}
 
-    split = weight_split(model)
     kv_per_token = kv_bytes_per_token(model.config, engine.runner.kv_caches[0][0].element_size())
     # The measured steps' mean context, to within the prefill's stagger.
     mean_context = context + WARM_STEPS + steps // 2
-    floor, _ = per_step_floor(
-        mean_context,
-        [1] * batch,
-        split.dense_bytes,
-        kv_per_token,
-        windows=engine.runner.windows,
-        expert_bytes=split.expert_bytes,
-        num_experts=split.num_experts,
-        top_k=split.top_k,
-    )
+    floor, _ = engine_step_floor(model, engine, mean_context, [1] * batch)
     result["floor_ms"] = 1e3 * float(floor[0]) if cuda else None
     result["of_floor"] = result["floor_ms"] / result["ms_per_step"] if cuda else None
     result["kv_share_of_floor"] = (

@@ -56,8 +56,8 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
     import torch
 
     from benchmarks.lib.roofline import (
+        engine_step_floor,
         kv_bytes_per_token,
-        per_step_floor,
         roofline_tokens_per_s,
         weight_bytes_per_step,
         weight_split,
@@ -129,15 +129,8 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
     if split.num_experts:
         # roofline_tokens_per_s above counts every expert (its numbers stay comparable with older
         # runs); this one counts the experts the batch's tokens are expected to touch.
-        _, touched_s = per_step_floor(
-            workload.prompt_len,
-            [workload.new_tokens] * workload.num_requests,
-            split.dense_bytes,
-            kv_per_token,
-            windows=engine.runner.windows,
-            expert_bytes=split.expert_bytes,
-            num_experts=split.num_experts,
-            top_k=split.top_k,
+        _, touched_s = engine_step_floor(
+            model, engine, workload.prompt_len, [workload.new_tokens] * workload.num_requests
         )
         touched = workload.num_requests * workload.new_tokens / touched_s
         result["touched_expert_roofline_tokens_per_s"] = touched if cuda else None
@@ -274,12 +267,7 @@ def run_grpo(model, workload, overlap: bool, prompts, args) -> dict:
     import numpy as np
     import torch
 
-    from benchmarks.lib.roofline import (
-        kv_bytes_per_token,
-        per_step_floor,
-        running_per_step,
-        weight_split,
-    )
+    from benchmarks.lib.roofline import engine_step_floor, running_per_step
     from rollout import EngineConfig, LLMEngine
     from rollout.engine.execution.device_timing import DeviceTiming
     from rollout.engine.scheduling.verification import SpeculationStats
@@ -341,18 +329,7 @@ def run_grpo(model, workload, overlap: bool, prompts, args) -> dict:
     steps = len(step_ends)
     step_s = np.diff(np.asarray([0.0, *step_ends]))
 
-    split = weight_split(model)
-    kv_per_token = kv_bytes_per_token(model.config, engine.runner.kv_caches[0][0].element_size())
-    floor_steps, floor_s = per_step_floor(
-        workload.prompt_len,
-        lengths,
-        split.dense_bytes,
-        kv_per_token,
-        windows=engine.runner.windows,
-        expert_bytes=split.expert_bytes,
-        num_experts=split.num_experts,
-        top_k=split.top_k,
-    )
+    floor_steps, floor_s = engine_step_floor(model, engine, workload.prompt_len, lengths)
     measured_running = np.asarray(running_before)
     floor_running = running_per_step(lengths)
     regimes = {}

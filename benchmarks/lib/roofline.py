@@ -188,3 +188,22 @@ def per_step_floor(
         step_bytes = step_bytes + expert_bytes * touched / num_experts
     seconds = step_bytes / bandwidth
     return seconds, float(seconds.sum())
+
+
+def engine_step_floor(
+    model, engine, prompt_lens: int | Sequence[int], output_lens: Sequence[int]
+) -> tuple[np.ndarray, float]:
+    """`per_step_floor` for `model` as `engine` serves it: its weights (touched experts only for
+    MoE), the element size of its KV cache and its layers' windows."""
+    split = weight_split(model)
+    kv_per_token = kv_bytes_per_token(model.config, engine.runner.kv_caches[0][0].element_size())
+    return per_step_floor(
+        prompt_lens,
+        output_lens,
+        split.dense_bytes,
+        kv_per_token,
+        windows=engine.runner.windows,
+        expert_bytes=split.expert_bytes,
+        num_experts=split.num_experts,
+        top_k=split.top_k,
+    )
