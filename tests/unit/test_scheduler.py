@@ -996,6 +996,24 @@ def test_a_later_turn_reuses_the_earlier_turns_blocks():
     h.run([], overlap=False)  # the fake KV check: what t2 reads is its own tokens' KV
 
 
+def test_only_prefills_offer_blocks_while_a_sequence_runs():
+    # Registering walks the sequence's whole block table: done for every decode token, it made
+    # each step's host work grow with every running sequence's length.
+    h = harness(num_blocks=64, block_size=4, prefix_caching=True)
+    h.add(Request("r", [5, 6, 7, 1, 2, 3, 4, 9, 8], SamplingParams(max_tokens=20, ignore_eos=True)))
+    plan = h.schedule(None)
+    assert [end for _, end in plan.completed_prefills] == [9]  # the prompt: 2 full blocks
+    h.process(plan)
+    assert h.bm.num_cached_blocks == 2
+    for _ in range(12):  # 12 more tokens fill 3 more blocks
+        plan = h.schedule(None)
+        assert plan.completed_prefills == []  # decode steps register nothing
+        h.process(plan)
+    assert h.bm.num_cached_blocks == 2
+    h.run([], overlap=False)
+    assert h.bm.num_cached_blocks == (9 + 20) // 4  # the finished sample's full blocks
+
+
 def test_weights_changing_empties_the_prefix_cache():
     h = harness(num_blocks=32, block_size=4, prefix_caching=True)
     first = _turn(h, "t1", [5, 6, 7, 1, 2, 3, 4, 5], max_tokens=4)

@@ -252,7 +252,9 @@ class Scheduler(DraftVerification):
             carry_row = seq.pending_row
         assert PLACEHOLDER not in seq.token_ids[start : end - 1], "placeholder inside a chunk"
         reaches_end = end == len(seq.token_ids)
-        if reaches_end and self.prefix_caching:
+        if reaches_end and self.prefix_caching and (num_new > 1 or start < seq.num_prompt_tokens):
+            # A prefill's last chunk (not a decode token: a sequence's generated blocks are
+            # offered when it ends or is preempted, so a decode step registers nothing).
             plan.completed_prefills.append((seq, end))
         num_samples = (1 + seq.num_forks_pending) if reaches_end else 0
         chunk_index = len(plan.chunks)
