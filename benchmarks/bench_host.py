@@ -26,11 +26,25 @@ from rollout.engine.scheduling.sequence import Sequence  # noqa: E402
 from rollout.engine.scheduling.step_inputs import build_step_inputs  # noqa: E402
 
 
-def measure(num_seqs: int, prompt_len: int, new_tokens: int, steps: int, block_size: int = 16):
-    """Median milliseconds per decode step of (schedule, build inputs, process results)."""
+def measure(
+    num_seqs: int,
+    prompt_len: int,
+    new_tokens: int,
+    steps: int,
+    block_size: int = 16,
+    prefix_caching: bool = True,
+):
+    """Median milliseconds per decode step of (schedule, build inputs, process results), with
+    the prefix cache on as in the engine's default."""
     max_len = prompt_len + new_tokens + block_size
     blocks = BlockManager(num_seqs * -(-max_len // block_size), block_size)
-    scheduler = Scheduler(blocks, num_seqs, max_num_batched_tokens=8192, max_model_len=max_len)
+    scheduler = Scheduler(
+        blocks,
+        num_seqs,
+        max_num_batched_tokens=8192,
+        max_model_len=max_len,
+        prefix_caching=prefix_caching,
+    )
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True, seed=0)
     rng = np.random.default_rng(0)
     for i in range(num_seqs):
@@ -63,8 +77,11 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--no-prefix-caching", action="store_true")
     args = parser.parse_args()
-    schedule, build, process = measure(args.seqs, args.prompt_len, args.new_tokens, args.steps)
+    schedule, build, process = measure(
+        args.seqs, args.prompt_len, args.new_tokens, args.steps, 16, not args.no_prefix_caching
+    )
     print(
         f"{args.seqs} sequences, median ms per decode step: schedule {schedule:.3f}, "
         f"build inputs {build:.3f}, process results {process:.3f}, "
