@@ -68,26 +68,30 @@ def pad_step_inputs(
     padding comes first, so the query length is `width` while the context length stays the real
     one and no query reads past it); sampler rows: the step's own first, in their order."""
     n = inputs.num_seqs
-    lens = np.diff(inputs.query_start_loc).astype(np.int64)
-    owner = np.repeat(np.arange(n), lens)
-    within = np.arange(inputs.num_tokens) - inputs.query_start_loc[owner]
-    dest = owner * width + (width - lens[owner]) + within  # each real token's place
     total = bucket * width
+    if width == 1:  # decode (every step but verifications): token i stays at place i
+        dest = np.arange(n)
+        positions = np.zeros(total, dtype=np.int64)
+        positions[:n] = inputs.positions
+    else:
+        lens = np.diff(inputs.query_start_loc).astype(np.int64)
+        owner = np.repeat(np.arange(n), lens)
+        within = np.arange(inputs.num_tokens) - inputs.query_start_loc[owner]
+        dest = owner * width + (width - lens[owner]) + within  # each real token's place
+        # A padded token's position: the one just before its sequence's first real token,
+        # counting back (a valid rotary index; its output is never read).
+        first = np.zeros(bucket, dtype=np.int64)
+        first[:n] = inputs.positions[inputs.query_start_loc[:-1]]
+        lead = np.zeros(bucket, dtype=np.int64)
+        lead[:n] = width - lens
+        offset = np.tile(np.arange(width, dtype=np.int64), bucket)
+        positions = np.maximum(np.repeat(first - lead, width) + offset, 0)
+        positions[dest] = inputs.positions
 
     def tokens(array: np.ndarray, fill) -> np.ndarray:
         out = np.full(total, fill, dtype=array.dtype)
         out[dest] = array
         return out
-
-    # A padded token's position: the one just before its sequence's first real token, counting
-    # back (a valid rotary index; its output is never read).
-    first = np.zeros(bucket, dtype=np.int64)
-    first[:n] = inputs.positions[inputs.query_start_loc[:-1]]
-    offset = np.tile(np.arange(width, dtype=np.int64), bucket)
-    lead = np.zeros(bucket, dtype=np.int64)
-    lead[:n] = width - lens
-    positions = np.maximum(np.repeat(first - lead, width) + offset, 0)
-    positions[dest] = inputs.positions
 
     block_tables = np.zeros((bucket, max_blocks_per_seq), dtype=np.int32)
     block_tables[:n, : inputs.block_tables.shape[1]] = inputs.block_tables
