@@ -23,15 +23,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rollout.engine.scheduling.block_manager import ROOT_DIGEST, BlockManager, block_digest
+from rollout.engine.scheduling.block_manager import BlockManager
 from rollout.engine.scheduling.ngram_drafts import GroupNgrams
+from rollout.engine.scheduling.prefix_registry import PrefixRegistry
 from rollout.engine.scheduling.sequence import PLACEHOLDER, Sequence, Status
 from rollout.engine.scheduling.step_plan import SampleRow, ScheduledChunk, StepPlan
 from rollout.engine.scheduling.verification import DraftVerification, SpeculationStats
 
 
 @dataclass
-class Scheduler(DraftVerification):
+class Scheduler(DraftVerification, PrefixRegistry):
     block_manager: BlockManager
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -353,30 +354,6 @@ class Scheduler(DraftVerification):
         while n > seq.num_prompt_tokens and seq.token_ids[n - 1] == PLACEHOLDER:
             n -= 1
         return n
-
-    def _register(self, seq: Sequence, end: int) -> None:
-        """Offer seq's full blocks below position `end` (KV computed, tokens known) to the
-        prefix cache, unless its KV predates the cache's epoch (older weights)."""
-        if seq.cache_epoch != self.block_manager.cache_epoch:
-            return
-        num_blocks = min(end, len(seq.token_ids)) // self.block_manager.block_size
-        self.block_manager.register(seq.block_table, self._block_digests(seq, num_blocks))
-
-    def _block_digests(self, seq: Sequence, num_blocks: int) -> list[bytes]:
-        """The digests of seq's first num_blocks full blocks (fewer if one holds a token still
-        on the device), each computed once."""
-        digests, tokens, size = seq.block_digests, seq.token_ids, self.block_manager.block_size
-        while len(digests) < num_blocks:
-            block = tokens[len(digests) * size : (len(digests) + 1) * size]
-            if PLACEHOLDER in block:
-                break
-            digests.append(block_digest(digests[-1] if digests else ROOT_DIGEST, block))
-        return digests[:num_blocks]
-
-    def reset_prefix_cache(self) -> None:
-        """Forget the cached KV (the weights changed). Sequences running now keep theirs but
-        never offer it to the cache."""
-        self.block_manager.reset_cache()
 
     def _finish(self, seq: Sequence, reason: str, keep: int) -> None:
         if self.prefix_caching and seq.block_table:
