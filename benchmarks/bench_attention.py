@@ -4,9 +4,16 @@
     python benchmarks/bench_attention.py --seqs 32 --context 8192
     python benchmarks/bench_attention.py --seqs 32 --context 1300 --max-context 2320 --sweep
                                                         # w1's mean context; try the tile choices
+    python benchmarks/bench_attention.py --regimes      # a grpo run's batches, launch choices
 
 Effective bandwidth = bytes of K and V read (each once) / kernel time (median of do_bench), next
 to torch SDPA on the same KV stored contiguously (no paging) and a plain device copy.
+
+--regimes times the kernel at the batches a grpo run goes through (from one sequence at 1K
+tokens to 128 at 2K, under a 16K static maximum), for each of a few launch choices
+(`DecodeTiles.target_programs`, KV tile): each time is the replay of a CUDA graph of 36 launches
+(one per layer of an 8B model) over the number of launches, as the engine runs it; do_bench's
+per-call timing would add the host's launch time to kernels of a few microseconds.
 """
 
 from __future__ import annotations
@@ -33,6 +40,15 @@ def main() -> None:
         "--max-context", type=int, default=0, help="the engine's static bound (default: --context)"
     )
     parser.add_argument("--sweep", action="store_true", help="also time other decode tile choices")
+    parser.add_argument(
+        "--regimes", action="store_true", help="time launch choices at a grpo run's batches"
+    )
+    parser.add_argument(
+        "--points",
+        default="1x1024,1x4096,1x16384,2x8192,4x2048,4x16384,8x2048,8x8192,16x4096,"
+        "32x1300,64x4096,128x2048",
+        help="with --regimes: BxC batches (B sequences, C context)",
+    )
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
 
@@ -40,6 +56,14 @@ def main() -> None:
     import triton.testing
 
     from rollout.kernels import triton_paged_attention as kernels
+
+    if args.regimes:
+        rows = sweep_regimes(args)
+        if args.json_out:
+            Path(args.json_out).write_text(
+                json.dumps({"args": vars(args), "regimes": rows}, indent=1)
+            )
+        return
 
     torch.manual_seed(0)
     s, n, hkv, d, bs = args.seqs, args.context, args.kv_heads, args.head_dim, args.block_size
@@ -120,6 +144,84 @@ def sweep_decode_tiles(paged, kv_bytes: int) -> list[dict]:
     for r in rows:
         print(f"  {r['tiles']}  {r['ms']:.3f} ms  {r['tb_per_s']:.2f} TB/s")
     return rows
+
+
+def sweep_regimes(args) -> list[dict]:
+    """Per batch point and launch choice: microseconds per launch inside a CUDA graph."""
+    import dataclasses
+    import functools
+
+    import torch
+
+    from rollout.kernels import triton_decode_attention as decode
+
+    hkv, d, bs, dtype = args.kv_heads, args.head_dim, args.block_size, torch.bfloat16
+    max_context = args.max_context or 16640
+    base = decode.DECODE_TILES
+    choices = {
+        "fixed 512-token pieces": dataclasses.replace(base, target_programs=0),
+        **{
+            f"target {t} programs": dataclasses.replace(base, target_programs=t)
+            for t in (256, 512, 1024, 2048)
+        },
+        "target 1024, 64-token tiles": dataclasses.replace(base, target_programs=1024, block_n=64),
+    }
+    rows = []
+    for point in args.points.split(","):
+        s, n = (int(x) for x in point.split("x"))
+        pages = -(-n // bs)
+        torch.manual_seed(0)
+        k_cache = torch.randn(s * pages, bs, hkv, d, device="cuda", dtype=dtype)
+        inputs = (
+            torch.randn(s, args.heads, d, device="cuda", dtype=dtype),  # query
+            k_cache,
+            torch.randn_like(k_cache),  # v_cache
+            torch.randperm(s * pages, device="cuda").view(s, pages).int(),  # block tables
+            torch.full((s,), n, device="cuda", dtype=torch.int32),  # seq_lens
+            d**-0.5,
+            max_context,
+        )
+        kv_bytes = 2 * s * n * hkv * d * k_cache.element_size()
+        line = []
+        for name, tiles in choices.items():
+            run = functools.partial(decode.decode_attention, *inputs, tiles)
+            us = _graph_time_us(run, launches=36)
+            rows.append({"point": point, "choice": name, "tiles": vars(tiles), "us": us,
+                         "tb_per_s": kv_bytes / us / 1e6})  # fmt: skip
+            line.append(f"{name} {us:.1f}")
+        print(f"  {point:>9s} ({kv_bytes / 1e6:7.1f} MB/layer): " + " | ".join(line), flush=True)
+        del inputs, k_cache
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _graph_time_us(run, launches: int, replays: int = 20, repeats: int = 5) -> float:
+    """Median over `repeats` of (time of `replays` replays of a graph of `launches` calls of
+    `run`) / (replays x launches), in microseconds."""
+    import statistics
+
+    import torch
+
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        run()  # compiles, and allocates this stream's arrival counters outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(launches):
+            run()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / (replays * launches))
+    return statistics.median(times)
 
 
 if __name__ == "__main__":

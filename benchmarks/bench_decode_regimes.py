@@ -214,6 +214,24 @@ def decode_tokens(batch: int, context: int, steps: int, per_step: int) -> int:
     return stagger + WARM_STEPS + 3 * steps + 8
 
 
+def _set_decode_tiles(pairs: list[str]) -> dict:
+    """Apply KEY=VALUE (ints) to the decode kernel's DecodeTiles before any graph captures it;
+    returns the fields in use."""
+    import dataclasses
+
+    from rollout.kernels import triton_decode_attention as decode
+
+    fields = {f.name for f in dataclasses.fields(decode.DecodeTiles)}
+    changes = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        if key not in fields or not value.lstrip("-").isdigit():
+            raise SystemExit(f"--decode-tiles {pair!r}: KEY=INT with KEY one of {sorted(fields)}")
+        changes[key] = int(value)
+    decode.DECODE_TILES = dataclasses.replace(decode.DECODE_TILES, **changes)
+    return vars(decode.DECODE_TILES)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -234,6 +252,14 @@ def main(argv: list[str] | None = None) -> None:
         help="also time speculative verification steps of this many drafts a sequence",
     )
     parser.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--decode-tiles",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="GPU: change a field of the decode attention's launch shape (DecodeTiles), e.g. "
+        "target_programs=0 for fixed 512-token pieces",
+    )
     parser.add_argument("--json-out", default="")
     args = parser.parse_args(argv)
 
@@ -274,6 +300,7 @@ def main(argv: list[str] | None = None) -> None:
             speculative_max_seqs=settings["max_num_seqs"],
         )
     settings.update(_engine_overrides(args.engine))
+    decode_tiles = _set_decode_tiles(args.decode_tiles) if device == "cuda" else None
     engine = LLMEngine.from_model(model, EngineConfig(**settings))
     engine.scheduler.speculative_tokens = 0  # plain decoding, but for the verification timings
     commit, date = commit_id(), datetime.date.today().isoformat()
@@ -284,6 +311,7 @@ def main(argv: list[str] | None = None) -> None:
         "commit": commit,
         "date": date,
         "engine": settings,
+        "decode_tiles": decode_tiles,
         "steps": args.steps,
         "points": [],
     }

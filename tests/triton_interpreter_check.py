@@ -87,13 +87,23 @@ def check_decode() -> float:
             )  # fmt: skip
             assert torch.all(got[5] == 0), "a padded row must come out as zeros"
             worst = max(worst, (got[live] - want[live]).abs().max().item())
-    # More splits than one merge chunk (18 of 256 tokens, merged 16 at a time).
+    # More pieces than one merge chunk: 71 of 64 tokens (a small batch cuts short pieces), and
+    # 18 of 256 with the pieces' length fixed (target_programs=0), merged 16 at a time.
     case = make_case([4500, 10], [1, 1], 1, 4, 64, 16, torch.float32, "cpu", seed=7)
+    want = _reference(case)
+    for target in (1024, 0):
+        got = kernels.decode_attention(
+            case["query"], case["k_cache"], case["v_cache"], case["block_tables"],
+            case["seq_lens"], case["scale"], 8192,
+            kernels.DecodeTiles(split_len=256, block_n=64, target_programs=target),
+        )  # fmt: skip
+        worst = max(worst, (got - want).abs().max().item())
+    # A context past the static maximum the grid was sized for still reads every position.
     got = kernels.decode_attention(
         case["query"], case["k_cache"], case["v_cache"], case["block_tables"], case["seq_lens"],
-        case["scale"], 8192, kernels.DecodeTiles(split_len=256, block_n=64),
+        case["scale"], 1024, kernels.DecodeTiles(split_len=256, block_n=64),
     )  # fmt: skip
-    return max(worst, (got - _reference(case)).abs().max().item())
+    return max(worst, (got - want).abs().max().item())
 
 
 def check_extend() -> float:

@@ -1,14 +1,20 @@
 """Split-KV paged decode attention in Triton, merged in the same launch.
 
-One query token per sequence. Each context is split into fixed-length pieces processed by
-separate programs, all query heads of one KV head together (each K/V byte is read once); the
-last piece of a (sequence, KV head) to finish merges the pieces by their log-sum-exp, in the
-same launch. The grid depends only on the batch size and the static maximum context, so the
-launch can sit inside a CUDA graph. The PyTorch twin is torch_paged_attention.paged_attention.
+One query token per sequence. Each context is split into pieces processed by separate
+programs, all query heads of one KV head together (each K/V byte is read once); the last piece of
+a (sequence, KV head) to finish merges the pieces by their log-sum-exp, in the same launch. The
+PyTorch twin is torch_paged_attention.paged_attention.
 
-With a sliding window the splits start at the window's first split, so a windowed layer runs
-only the programs its window can reach and reads no context outside the window. Softcap and
-sinks are compile-time switches: a layer without them runs the same code as before.
+How long a piece is depends on the batch: a launch aims at `DecodeTiles.target_programs`
+programs, so a step with a handful of sequences cuts each context into many short pieces (a
+single sequence's 1K-token context would otherwise be read by 16 programs, each walking 512
+tokens one tile after another, while the rest of the GPU idles), and a large batch keeps pieces
+of `split_len` tokens. Each program derives its piece from its own sequence's visible length
+on the device, so the grid depends only on the batch size and the static maximum context and the
+launch can sit inside a CUDA graph.
+
+With a sliding window the pieces cover only the window's positions. Softcap and sinks are
+compile-time switches: a layer without them runs the same code as before.
 """
 
 from __future__ import annotations
@@ -30,14 +36,21 @@ from rollout.kernels.triton_attention_tiles import (
 
 @dataclass(frozen=True)
 class DecodeTiles:
-    """Launch shape of the decode kernel. Fewer, longer splits and wider KV tiles won
-    `bench_attention.py --sweep` both at w1's mean context and at 64 x 4096 (see
-    docs/performance.md, 'Decode attention alone')."""
+    """Launch shape of the decode kernel. Pieces of up to 512 tokens in 128-token KV tiles won
+    `bench_attention.py --sweep` at large batches (see docs/performance.md, 'Decode attention
+    alone'); `target_programs` decides how far small batches cut their contexts below that."""
 
-    split_len: int = 512  # tokens of context per decode program
-    block_n: int = 128  # tokens per inner iteration
+    split_len: int = 512  # the longest piece of context one program reads
+    block_n: int = 128  # tokens per inner iteration, also the shortest piece
     num_warps: int = 4
     num_stages: int = 3
+    target_programs: int = 1024  # programs a launch aims at; 0: every piece is split_len long
+
+    def splits_per_sequence(self, num_seqs: int, num_kv_heads: int) -> int:
+        """How many pieces each (sequence, KV head) aims at for a batch of `num_seqs`."""
+        if not self.target_programs:
+            return 1
+        return max(1, triton.cdiv(self.target_programs, max(num_seqs, 1) * num_kv_heads))
 
 
 DECODE_TILES = DecodeTiles()
@@ -47,11 +60,12 @@ DECODE_TILES = DecodeTiles()
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, sinks_ptr,
     part_out_ptr, part_lse_ptr, arrivals_ptr, out_ptr,
-    scale, window, softcap, stride_qt, stride_qh, stride_ot, stride_oh,
+    scale, window, softcap, splits_wanted, num_splits,
+    stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cblock, stride_cslot, stride_chead, stride_bt,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLIT_LEN: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    GROUP_PAD: tl.constexpr, MERGE_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_LEN: tl.constexpr,
     MERGE_CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):  # fmt: skip
@@ -73,11 +87,17 @@ def _decode_kernel(
     lo = seq_len * 0  # first visible position
     if HAS_WINDOW:
         lo = tl.maximum(seq_len - window, 0)
-    first_split = lo // SPLIT_LEN  # programs count their split from the window's first one
-    start = (first_split + split) * SPLIT_LEN
-    if start >= seq_len:
+    # This sequence's piece length: its visible context over the pieces wanted, in whole tiles,
+    # between one tile and SPLIT_LEN. The host sized the grid so the pieces always fit.
+    piece = tl.cdiv(tl.cdiv(seq_len - lo, splits_wanted), BLOCK_N) * BLOCK_N
+    piece = tl.minimum(tl.maximum(piece, BLOCK_N), SPLIT_LEN)
+    # A context past the static maximum would need more pieces than the grid has: longer ones.
+    piece = tl.maximum(piece, tl.cdiv(seq_len - lo, num_splits))
+    num_active = tl.cdiv(seq_len - lo, piece)
+    if split >= num_active:
         return
-    end = tl.minimum(start + SPLIT_LEN, seq_len)
+    start = lo + split * piece
+    end = tl.minimum(start + piece, seq_len)
     q = tl.load(
         q_ptr + s * stride_qt + heads[:, None] * stride_qh + d[None, :],
         mask=out_mask,
@@ -86,7 +106,7 @@ def _decode_kernel(
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     denom = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-    for n0 in range(tl.maximum(start, lo), end, BLOCK_N):
+    for n0 in range(start, end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs < end
         k, v = load_kv_tile(
@@ -98,21 +118,19 @@ def _decode_kernel(
             qk = soft_cap(qk, softcap)
         qk = tl.where(n_mask[None, :], qk, float("-inf"))
         m, denom, acc = fold_tile(qk, v, m, denom, acc, DOT_PRECISION)
-    num_active = tl.cdiv(seq_len, SPLIT_LEN) - first_split
-    if num_active == 1:  # the whole visible context fit one split: no partials, no merge
+    if num_active == 1:  # the whole visible context fit one piece: no partials, no merge
         if HAS_SINKS:
             sink = tl.load(sinks_ptr + heads, mask=head_mask, other=0.0).to(tl.float32)
             m, denom, acc = add_sinks(m, denom, acc, sink)
         tl.store(out_ptrs, (acc / denom[:, None]).to(out_ptr.dtype.element_ty), out_mask)
         return
 
-    # Several splits: publish this one's partial result, and let whichever split of this
+    # Several pieces: publish this one's partial result, and let whichever piece of this
     # (sequence, KV head) arrives last merge them all by log-sum-exp. That saves a second kernel
     # launch per layer. The barrier makes every thread's partial stores precede the release.
-    part_ptrs = (
-        part_out_ptr + ((s * NUM_HEADS + heads[:, None]) * NUM_SPLITS) * HEAD_DIM + d[None, :]
-    )
-    lse_ptrs = part_lse_ptr + (s * NUM_HEADS + heads) * NUM_SPLITS
+    part_rows = (s * NUM_HEADS + heads[:, None]) * num_splits
+    part_ptrs = part_out_ptr + part_rows * HEAD_DIM + d[None, :]
+    lse_ptrs = part_lse_ptr + (s * NUM_HEADS + heads) * num_splits
     tl.store(part_ptrs + split * HEAD_DIM, acc / denom[:, None], mask=out_mask)
     tl.store(lse_ptrs + split, m + tl.log(denom), mask=head_mask)
     tl.debug_barrier()
@@ -120,37 +138,46 @@ def _decode_kernel(
     arrived_before = tl.atomic_add(arrivals, 1, sem="acq_rel")
     if arrived_before == num_active - 1:
         tl.store(arrivals, 0)  # reset for the next launch (the next layer or step)
-        # One head at a time, MERGE_CHUNK splits per load (a few L2 round trips, not one per
-        # split: this runs on the kernel's critical path). .cg reads through L2, where the
-        # other programs' stores landed (L1 is not coherent across SMs).
+        # All heads of the group at once, MERGE_CHUNK pieces per load (a few L2 round trips,
+        # not one per piece and head: this runs on the kernel's critical path). .cg reads
+        # through L2, where the other programs' stores landed (L1 is not coherent across SMs).
+        gm = tl.arange(0, MERGE_HEADS)
+        gm_mask = gm < GROUP
+        rows = s * NUM_HEADS + kv_head * GROUP + gm  # [MERGE_HEADS]
         c = tl.arange(0, MERGE_CHUNK)
-        for gi in tl.static_range(GROUP):
-            base = (s * NUM_HEADS + kv_head * GROUP + gi) * NUM_SPLITS
-            m_all = tl.full([1], float("-inf"), tl.float32)
-            weight = tl.zeros([1], tl.float32)
-            if HAS_SINKS:  # the sink joins the merge as a part with a weight and no value
-                m_all = tl.load(sinks_ptr + kv_head * GROUP + gi + tl.zeros([1], tl.int32))
-                m_all = m_all.to(tl.float32)
-                weight = tl.full([1], 1.0, tl.float32)
-            merged = tl.zeros([BLOCK_D], tl.float32)
-            for c0 in range(0, num_active, MERGE_CHUNK):
-                chunk_mask = c0 + c < num_active
-                lse = tl.load(
-                    part_lse_ptr + base + c0 + c, mask=chunk_mask, other=float("-inf"),
-                    cache_modifier=".cg",
-                )  # fmt: skip
-                parts = tl.load(
-                    part_out_ptr + (base + c0 + c[:, None]) * HEAD_DIM + d[None, :],
-                    mask=chunk_mask[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg",
-                )  # fmt: skip
-                m_new = tl.maximum(m_all, tl.max(lse, 0))
-                alpha = tl.exp(m_all - m_new)
-                w = tl.exp(lse - m_new)
-                merged = merged * alpha + tl.sum(parts * w[:, None], 0)
-                weight = weight * alpha + tl.sum(w, 0)
-                m_all = m_new
-            head_out = out_ptr + s * stride_ot + (kv_head * GROUP + gi) * stride_oh + d
-            tl.store(head_out, (merged / weight).to(out_ptr.dtype.element_ty), mask=d_mask)
+        m_all = tl.full([MERGE_HEADS], float("-inf"), tl.float32)
+        weight = tl.zeros([MERGE_HEADS], tl.float32)
+        if HAS_SINKS:  # the sink joins the merge as a part with a weight and no value
+            m_all = tl.load(sinks_ptr + kv_head * GROUP + gm, mask=gm_mask, other=0.0)
+            m_all = m_all.to(tl.float32)
+            weight = tl.full([MERGE_HEADS], 1.0, tl.float32)
+        merged = tl.zeros([MERGE_HEADS, BLOCK_D], tl.float32)
+        for c0 in range(0, num_active, MERGE_CHUNK):
+            pieces = c0 + c
+            chunk_mask = gm_mask[:, None] & (pieces < num_active)[None, :]  # [heads, chunk]
+            slot = rows[:, None] * num_splits + pieces[None, :]
+            lse = tl.load(part_lse_ptr + slot, mask=chunk_mask, other=float("-inf"),
+                          cache_modifier=".cg")  # fmt: skip
+            parts = tl.load(
+                part_out_ptr + slot[:, :, None] * HEAD_DIM + d[None, None, :],
+                mask=chunk_mask[:, :, None] & d_mask[None, None, :], other=0.0,
+                cache_modifier=".cg",
+            )  # fmt: skip
+            m_new = tl.maximum(m_all, tl.max(lse, 1))
+            m_new = tl.where(gm_mask, m_new, 0.0)  # padded heads: no inf - inf below
+            alpha = tl.exp(m_all - m_new)
+            w = tl.exp(lse - m_new[:, None])
+            merged = merged * alpha[:, None] + tl.sum(parts * w[:, :, None], 1)
+            weight = weight * alpha + tl.sum(w, 1)
+            m_all = m_new
+        head_out = (
+            out_ptr + s * stride_ot + (kv_head * GROUP + gm[:, None]) * stride_oh + d[None, :]
+        )
+        tl.store(
+            head_out,
+            (merged / weight[:, None]).to(out_ptr.dtype.element_ty),
+            mask=gm_mask[:, None] & d_mask[None, :],
+        )
 
 
 class _ArrivalCounters:
@@ -190,18 +217,23 @@ def decode_attention(
     seq_lens,
     scale,
     max_seq_len_static,
-    tiles=DECODE_TILES,
+    tiles=None,
     window=None,
     softcap=None,
     sinks=None,
 ):
-    """query [num_seqs, num_heads, head_dim] (one token per sequence) -> same shape."""
+    """query [num_seqs, num_heads, head_dim] (one token per sequence) -> same shape. `tiles`:
+    the launch shape, this module's DECODE_TILES when None (read at each call, so a benchmark
+    can swap it)."""
+    tiles = tiles or DECODE_TILES
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    num_splits = triton.cdiv(max_seq_len_static, tiles.split_len)
-    if window is not None:  # a window of W positions spans at most cdiv(W, split) + 1 splits
-        num_splits = min(num_splits, triton.cdiv(window, tiles.split_len) + 1)
+    # Pieces a visible context of up to this many positions may be cut into (the grid's depth).
+    max_visible = max_seq_len_static if window is None else min(max_seq_len_static, window)
+    splits_wanted = tiles.splits_per_sequence(num_seqs, num_kv_heads)
+    num_splits = max(splits_wanted, triton.cdiv(max_visible, tiles.split_len))
+    num_splits = max(1, min(num_splits, triton.cdiv(max_visible, tiles.block_n)))
     part_out = torch.empty(
         num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device
     )
@@ -210,17 +242,19 @@ def decode_attention(
     )
     arrivals = _ARRIVALS.get(query.device, num_seqs * num_kv_heads)
     out = torch.empty_like(query)
+    merge_heads = max(2, triton.next_power_of_2(group))
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, seq_lens, sinks if sinks is not None else query,
         part_out, part_lse, arrivals, out,
-        scale, window or 0, softcap or 0.0, query.stride(0), query.stride(1), out.stride(0),
-        out.stride(1),
+        scale, window or 0, softcap or 0.0, splits_wanted, num_splits,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        GROUP_PAD=max(16, triton.next_power_of_2(group)), MERGE_HEADS=merge_heads,
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
-        BLOCK_N=tiles.block_n, SPLIT_LEN=tiles.split_len, NUM_SPLITS=num_splits,
-        MERGE_CHUNK=min(16, triton.next_power_of_2(num_splits)),
+        BLOCK_N=tiles.block_n, SPLIT_LEN=tiles.split_len,
+        # [heads, pieces, head_dim] fp32 per merge load: at most 64 (head, piece) rows of it.
+        MERGE_CHUNK=max(1, min(16, 64 // merge_heads, triton.next_power_of_2(num_splits))),
         DOT_PRECISION=dot_precision(query), HAS_WINDOW=window is not None,
         HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
