@@ -49,6 +49,9 @@ def main() -> None:
         "32x1300,64x4096,128x2048",
         help="with --regimes: BxC batches (B sequences, C context)",
     )
+    parser.add_argument(
+        "--verify-width", type=int, default=5, help="with --regimes: tokens a verified sequence"
+    )
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
 
@@ -154,6 +157,7 @@ def sweep_regimes(args) -> list[dict]:
     import torch
 
     from rollout.kernels import triton_decode_attention as decode
+    from rollout.kernels import triton_paged_attention as kernels
 
     hkv, d, bs, dtype = args.kv_heads, args.head_dim, args.block_size, torch.bfloat16
     max_context = args.max_context or 16640
@@ -162,9 +166,11 @@ def sweep_regimes(args) -> list[dict]:
         "fixed 512-token pieces": dataclasses.replace(base, target_programs=0),
         **{
             f"target {t} programs": dataclasses.replace(base, target_programs=t)
-            for t in (256, 512, 1024, 2048)
+            for t in (128, 256, 512, 1024)
         },
-        "target 1024, 64-token tiles": dataclasses.replace(base, target_programs=1024, block_n=64),
+        "target 256, pieces up to 1024": dataclasses.replace(
+            base, target_programs=256, split_len=1024
+        ),
     }
     rows = []
     for point in args.points.split(","):
@@ -189,6 +195,30 @@ def sweep_regimes(args) -> list[dict]:
             rows.append({"point": point, "choice": name, "tiles": vars(tiles), "us": us,
                          "tb_per_s": kv_bytes / us / 1e6})  # fmt: skip
             line.append(f"{name} {us:.1f}")
+        # A verification step of 4 drafts a sequence (5 tokens each, as its graph lays it out):
+        # the decode kernel's rows against the extend kernel.
+        width = args.verify_width
+        query = torch.randn(s * width, args.heads, d, device="cuda", dtype=dtype)
+        runs = {
+            f"verify x{width}, decode kernel": functools.partial(
+                decode.decode_attention, query, *inputs[1:], query_len=width
+            ),
+            f"verify x{width}, extend kernel": functools.partial(
+                kernels.extend_attention,
+                query,
+                *inputs[1:4],
+                torch.arange(0, s * width + 1, width, device="cuda", dtype=torch.int32),
+                inputs[4],
+                torch.arange(s, device="cuda", dtype=torch.int32),
+                torch.zeros(s, device="cuda", dtype=torch.int32),
+                d**-0.5,
+            ),  # fmt: skip
+        }
+        for name, run in runs.items():
+            us = _graph_time_us(run, launches=36)
+            rows.append({"point": point, "choice": name, "us": us,
+                         "tb_per_s": kv_bytes / us / 1e6})  # fmt: skip
+            line.append(f"{name} {us:.1f}")
         print(f"  {point:>9s} ({kv_bytes / 1e6:7.1f} MB/layer): " + " | ".join(line), flush=True)
         del inputs, k_cache
         torch.cuda.empty_cache()
@@ -203,6 +233,7 @@ def _graph_time_us(run, launches: int, replays: int = 20, repeats: int = 5) -> f
     import torch
 
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # the inputs were made on the default stream
     with torch.cuda.stream(stream):
         run()  # compiles, and allocates this stream's arrival counters outside the capture
     torch.cuda.synchronize()

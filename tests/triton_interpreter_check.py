@@ -58,13 +58,13 @@ def check_variants() -> float:
             decode["seq_lens"], decode["scale"], 1024,
             kernels.DecodeTiles(split_len=256, block_n=64), **variant,
         )  # fmt: skip
-        worst = max(worst, (got - _reference(decode, **variant)).abs().max().item())
+        worst = max(worst, _error(got, _reference(decode, **variant)))
         got = kernels.extend_attention(
             extend["query"], extend["k_cache"], extend["v_cache"], extend["block_tables"],
             extend["query_start_loc"], extend["seq_lens"], extend["q_block_seq"],
             extend["q_block_start"], extend["scale"], **variant,
         )  # fmt: skip
-        worst = max(worst, (got - _reference(extend, **variant)).abs().max().item())
+        worst = max(worst, _error(got, _reference(extend, **variant)))
     return worst
 
 
@@ -86,7 +86,7 @@ def check_decode() -> float:
                 case["scale"], 1024,
             )  # fmt: skip
             assert torch.all(got[5] == 0), "a padded row must come out as zeros"
-            worst = max(worst, (got[live] - want[live]).abs().max().item())
+            worst = max(worst, _error(got[live], want[live]))
     # More pieces than one merge chunk: 71 of 64 tokens (a small batch cuts short pieces), and
     # 18 of 256 with the pieces' length fixed (target_programs=0), merged 16 at a time.
     case = make_case([4500, 10], [1, 1], 1, 4, 64, 16, torch.float32, "cpu", seed=7)
@@ -97,13 +97,46 @@ def check_decode() -> float:
             case["seq_lens"], case["scale"], 8192,
             kernels.DecodeTiles(split_len=256, block_n=64, target_programs=target),
         )  # fmt: skip
-        worst = max(worst, (got - want).abs().max().item())
+        worst = max(worst, _error(got, want))
     # A context past the static maximum the grid was sized for still reads every position.
     got = kernels.decode_attention(
         case["query"], case["k_cache"], case["v_cache"], case["block_tables"], case["seq_lens"],
         case["scale"], 1024, kernels.DecodeTiles(split_len=256, block_n=64),
     )  # fmt: skip
-    return max(worst, (got - want).abs().max().item())
+    return max(worst, _error(got, want))
+
+
+def check_verification() -> float:
+    """The same few query tokens for every sequence (a verification step's graph layout) through
+    the decode kernel: causal among them, with the variants, against the twin's extend path."""
+    worst = 0.0
+    lens = [5, 17, 600, 1000, 130]
+    for query_len in (2, 5):
+        case = make_case(lens, [query_len] * len(lens), 2, 4, 64, 16, torch.float32, "cpu",
+                         seed=query_len)  # fmt: skip
+        for variant in [{}, *_variants(8)]:
+            for tiles in (None, kernels.DecodeTiles(split_len=256, block_n=64)):
+                got = kernels.decode_attention(
+                    case["query"], case["k_cache"], case["v_cache"], case["block_tables"],
+                    case["seq_lens"], case["scale"], 1024, tiles, query_len=query_len, **variant,
+                )  # fmt: skip
+                worst = max(worst, _error(got, _reference(case, **variant)))
+    # A padded sequence (no context) comes out as zeros beside real ones.
+    case = make_case([40, 3], [3, 3], 2, 4, 64, 16, torch.float32, "cpu")
+    seq_lens = torch.tensor([40, 0], dtype=torch.int32)
+    got = kernels.decode_attention(
+        case["query"], case["k_cache"], case["v_cache"], case["block_tables"], seq_lens,
+        case["scale"], 1024, query_len=3,
+    )  # fmt: skip
+    assert torch.all(got[3:] == 0), "a padded sequence's rows must come out as zeros"
+    return max(worst, _error(got[:3], _reference(case)[:3]))
+
+
+def _error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Largest absolute difference; inf when either side has a NaN (max() would drop it)."""
+    if torch.isnan(got).any() or torch.isnan(want).any():
+        return float("inf")
+    return (got - want).abs().max().item()
 
 
 def check_extend() -> float:
@@ -114,7 +147,7 @@ def check_extend() -> float:
         case["query_start_loc"], case["seq_lens"], case["q_block_seq"], case["q_block_start"],
         case["scale"],
     )  # fmt: skip
-    return (got - _reference(case)).abs().max().item()
+    return _error(got, _reference(case))
 
 
 def check_write_kv() -> float:
@@ -158,7 +191,7 @@ def check_fused_experts() -> float:
         down = torch.randn(experts, hidden, inter, generator=g) / inter**0.5
         got = triton_moe.fused_experts(x, index, weights, gate_up, down)
         want = torch_moe.fused_experts_reference(x, index, weights, gate_up, down)
-        worst = max(worst, (got - want).abs().max().item())
+        worst = max(worst, _error(got, want))
     return worst
 
 
@@ -168,6 +201,7 @@ if __name__ == "__main__":
         ("decode", check_decode),
         ("extend", check_extend),
         ("window/softcap/sinks", check_variants),
+        ("verification rows in the decode kernel", check_verification),
         ("write_kv", check_write_kv),
         ("decode_linear", check_decode_linear),
         ("fused_experts", check_fused_experts),

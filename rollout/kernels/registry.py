@@ -63,8 +63,14 @@ class TorchBackend:
         )
 
 
+MAX_DECODE_ROWS = 64
+"""Query rows (tokens x heads of a KV head's group) the decode kernel takes for a step with more
+than one token per sequence; beyond it the extend kernel runs."""
+
+
 class TritonBackend:
-    """Triton kernels (CUDA): split-KV decode for decode-only steps, the extend kernel otherwise."""
+    """Triton kernels (CUDA): split-KV decode for decode steps and for verification steps laid
+    out for their graphs (the same few tokens per sequence), the extend kernel otherwise."""
 
     name = "triton"
 
@@ -80,7 +86,11 @@ class TritonBackend:
         self, query, k_cache, v_cache, meta, scale, window=None, softcap=None, sinks=None
     ) -> torch.Tensor:
         variant = dict(window=window, softcap=softcap, sinks=sinks)
-        if meta.decode_only:
+        query_len = meta.uniform_query_len
+        group = query.shape[1] // k_cache.shape[2]
+        # The decode kernel holds every query row of a KV head in one program: one token per
+        # sequence always, a few (a verification step) while that stays at most 64 rows.
+        if query_len == 1 or (query_len > 1 and query_len * group <= MAX_DECODE_ROWS):
             return self._kernels.decode_attention(
                 query,
                 k_cache,
@@ -89,6 +99,7 @@ class TritonBackend:
                 meta.seq_lens,
                 scale,
                 meta.max_model_len,
+                query_len=query_len,
                 **variant,
             )
         return self._kernels.extend_attention(

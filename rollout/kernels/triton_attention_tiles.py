@@ -33,10 +33,13 @@ def load_kv_tile(
 @triton.jit
 def fold_tile(qk, v, m, denom, acc, DOT_PRECISION: tl.constexpr):
     """Fold one tile's scores `qk` [rows, tile] (-inf where masked) and values `v` into the
-    running max `m`, normaliser `denom` [rows] and output `acc` [rows, BLOCK_D]."""
+    running max `m`, normaliser `denom` [rows] and output `acc` [rows, BLOCK_D]. A row with
+    every position masked so far stays at m = -inf, denom = 0, acc = 0."""
     m_new = tl.maximum(m, tl.max(qk, 1))
-    p = tl.exp(qk - m_new[:, None])
-    alpha = tl.exp(m - m_new)  # rescales what was accumulated under the old max
+    # A row that has seen no visible position yet keeps -inf; exp(-inf - -inf) would be NaN.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(qk - m_safe[:, None])
+    alpha = tl.exp(m - m_safe)  # rescales what was accumulated under the old max
     denom = denom * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, denom, acc

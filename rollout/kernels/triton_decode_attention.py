@@ -1,9 +1,11 @@
 """Split-KV paged decode attention in Triton, merged in the same launch.
 
-One query token per sequence. Each context is split into pieces processed by separate
-programs, all query heads of one KV head together (each K/V byte is read once); the last piece of
-a (sequence, KV head) to finish merges the pieces by their log-sum-exp, in the same launch. The
-PyTorch twin is torch_paged_attention.paged_attention.
+One query token per sequence, or the same few for every sequence (a speculative verification
+step laid out for its CUDA graph: K drafts + 1, the last positions of each context, causal among
+themselves). Each context is split into pieces processed by separate programs, all query rows
+of one KV head together (every query token times every head of its group: each K/V byte is read
+once); the last piece of a (sequence, KV head) to finish merges the pieces by their log-sum-exp,
+in the same launch. The PyTorch twin is torch_paged_attention.paged_attention.
 
 How long a piece is depends on the batch: a launch aims at `DecodeTiles.target_programs`
 programs, so a step with a handful of sequences cuts each context into many short pieces (a
@@ -37,14 +39,16 @@ from rollout.kernels.triton_attention_tiles import (
 @dataclass(frozen=True)
 class DecodeTiles:
     """Launch shape of the decode kernel. Pieces of up to 512 tokens in 128-token KV tiles won
-    `bench_attention.py --sweep` at large batches (see docs/performance.md, 'Decode attention
-    alone'); `target_programs` decides how far small batches cut their contexts below that."""
+    `bench_attention.py --sweep` at large batches; aiming at 256 programs won
+    `bench_attention.py --regimes` from one sequence to 128 (more programs cut long contexts
+    into more pieces than the merge can afford). See docs/performance.md, 'Decode attention
+    alone'."""
 
     split_len: int = 512  # the longest piece of context one program reads
     block_n: int = 128  # tokens per inner iteration, also the shortest piece
     num_warps: int = 4
     num_stages: int = 3
-    target_programs: int = 1024  # programs a launch aims at; 0: every piece is split_len long
+    target_programs: int = 256  # programs a launch aims at; 0: every piece is split_len long
 
     def splits_per_sequence(self, num_seqs: int, num_kv_heads: int) -> int:
         """How many pieces each (sequence, KV head) aims at for a batch of `num_seqs`."""
@@ -64,7 +68,8 @@ def _decode_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cblock, stride_cslot, stride_chead, stride_bt,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr, MERGE_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    QUERY_LEN: tl.constexpr, ROWS_PAD: tl.constexpr, MERGE_ROWS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_LEN: tl.constexpr,
     MERGE_CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
@@ -73,20 +78,24 @@ def _decode_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + s)
-    g = tl.arange(0, GROUP_PAD)
-    heads = kv_head * GROUP + g
-    head_mask = g < GROUP
+    # Row r: query token r // GROUP of this sequence (at position seq_len - QUERY_LEN + that),
+    # head r % GROUP of this KV head's group.
+    r = tl.arange(0, ROWS_PAD)
+    row_mask = r < GROUP * QUERY_LEN
+    token = s * QUERY_LEN + r // GROUP
+    heads = kv_head * GROUP + r % GROUP
+    q_pos = seq_len - QUERY_LEN + r // GROUP
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
-    out_ptrs = out_ptr + s * stride_ot + heads[:, None] * stride_oh + d[None, :]
-    out_mask = head_mask[:, None] & d_mask[None, :]
+    out_ptrs = out_ptr + token[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
+    out_mask = row_mask[:, None] & d_mask[None, :]
     if seq_len == 0:  # CUDA-graph padding: zeros, so no garbage flows into the padded row
         if split == 0:
-            tl.store(out_ptrs, tl.zeros([GROUP_PAD, BLOCK_D], out_ptr.dtype.element_ty), out_mask)
+            tl.store(out_ptrs, tl.zeros([ROWS_PAD, BLOCK_D], out_ptr.dtype.element_ty), out_mask)
         return
-    lo = seq_len * 0  # first visible position
+    lo = seq_len * 0  # first position any row sees
     if HAS_WINDOW:
-        lo = tl.maximum(seq_len - window, 0)
+        lo = tl.maximum(seq_len - QUERY_LEN - window + 1, 0)
     # This sequence's piece length: its visible context over the pieces wanted, in whole tiles,
     # between one tile and SPLIT_LEN. The host sized the grid so the pieces always fit.
     piece = tl.cdiv(tl.cdiv(seq_len - lo, splits_wanted), BLOCK_N) * BLOCK_N
@@ -99,13 +108,13 @@ def _decode_kernel(
     start = lo + split * piece
     end = tl.minimum(start + piece, seq_len)
     q = tl.load(
-        q_ptr + s * stride_qt + heads[:, None] * stride_qh + d[None, :],
+        q_ptr + token[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
         mask=out_mask,
         other=0.0,
-    )  # [GROUP_PAD, BLOCK_D]
-    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    denom = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+    )  # [ROWS_PAD, BLOCK_D]
+    m = tl.full([ROWS_PAD], float("-inf"), tl.float32)
+    denom = tl.zeros([ROWS_PAD], tl.float32)
+    acc = tl.zeros([ROWS_PAD, BLOCK_D], tl.float32)
     for n0 in range(start, end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs < end
@@ -113,48 +122,57 @@ def _decode_kernel(
             k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs, n_mask, d, d_mask,
             kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
         )  # fmt: skip
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [GROUP_PAD, BLOCK_N]
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [ROWS_PAD, BLOCK_N]
         if HAS_SOFTCAP:
             qk = soft_cap(qk, softcap)
-        qk = tl.where(n_mask[None, :], qk, float("-inf"))
+        visible = n_mask[None, :]
+        if QUERY_LEN > 1:  # causal among the step's own tokens
+            visible &= offs[None, :] <= q_pos[:, None]
+        if HAS_WINDOW:
+            visible &= offs[None, :] > q_pos[:, None] - window
+        qk = tl.where(visible, qk, float("-inf"))
         m, denom, acc = fold_tile(qk, v, m, denom, acc, DOT_PRECISION)
     if num_active == 1:  # the whole visible context fit one piece: no partials, no merge
         if HAS_SINKS:
-            sink = tl.load(sinks_ptr + heads, mask=head_mask, other=0.0).to(tl.float32)
+            sink = tl.load(sinks_ptr + heads, mask=row_mask, other=0.0).to(tl.float32)
             m, denom, acc = add_sinks(m, denom, acc, sink)
-        tl.store(out_ptrs, (acc / denom[:, None]).to(out_ptr.dtype.element_ty), out_mask)
+        out = tl.where(denom[:, None] > 0, acc / tl.maximum(denom, 1e-30)[:, None], 0.0)
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), out_mask)
         return
 
     # Several pieces: publish this one's partial result, and let whichever piece of this
     # (sequence, KV head) arrives last merge them all by log-sum-exp. That saves a second kernel
     # launch per layer. The barrier makes every thread's partial stores precede the release.
-    part_rows = (s * NUM_HEADS + heads[:, None]) * num_splits
+    # (A row that saw no position of this piece publishes 0 with a log-weight of -inf.)
+    part_rows = (token[:, None] * NUM_HEADS + heads[:, None]) * num_splits
     part_ptrs = part_out_ptr + part_rows * HEAD_DIM + d[None, :]
-    lse_ptrs = part_lse_ptr + (s * NUM_HEADS + heads) * num_splits
-    tl.store(part_ptrs + split * HEAD_DIM, acc / denom[:, None], mask=out_mask)
-    tl.store(lse_ptrs + split, m + tl.log(denom), mask=head_mask)
+    lse_ptrs = part_lse_ptr + (token * NUM_HEADS + heads) * num_splits
+    part = tl.where(denom[:, None] > 0, acc / tl.maximum(denom, 1e-30)[:, None], 0.0)
+    tl.store(part_ptrs + split * HEAD_DIM, part, mask=out_mask)
+    tl.store(lse_ptrs + split, m + tl.log(denom), mask=row_mask)
     tl.debug_barrier()
     arrivals = arrivals_ptr + s * NUM_KV_HEADS + kv_head
     arrived_before = tl.atomic_add(arrivals, 1, sem="acq_rel")
     if arrived_before == num_active - 1:
         tl.store(arrivals, 0)  # reset for the next launch (the next layer or step)
-        # All heads of the group at once, MERGE_CHUNK pieces per load (a few L2 round trips,
-        # not one per piece and head: this runs on the kernel's critical path). .cg reads
-        # through L2, where the other programs' stores landed (L1 is not coherent across SMs).
-        gm = tl.arange(0, MERGE_HEADS)
-        gm_mask = gm < GROUP
-        rows = s * NUM_HEADS + kv_head * GROUP + gm  # [MERGE_HEADS]
+        # All rows at once, MERGE_CHUNK pieces per load (a few L2 round trips, not one per
+        # piece and row: this runs on the kernel's critical path). .cg reads through L2, where
+        # the other programs' stores landed (L1 is not coherent across SMs).
+        mr = tl.arange(0, MERGE_ROWS)
+        mr_mask = mr < GROUP * QUERY_LEN
+        m_token = s * QUERY_LEN + mr // GROUP
+        m_heads = kv_head * GROUP + mr % GROUP
+        rows = m_token * NUM_HEADS + m_heads  # [MERGE_ROWS]
         c = tl.arange(0, MERGE_CHUNK)
-        m_all = tl.full([MERGE_HEADS], float("-inf"), tl.float32)
-        weight = tl.zeros([MERGE_HEADS], tl.float32)
+        m_all = tl.full([MERGE_ROWS], float("-inf"), tl.float32)
+        weight = tl.zeros([MERGE_ROWS], tl.float32)
         if HAS_SINKS:  # the sink joins the merge as a part with a weight and no value
-            m_all = tl.load(sinks_ptr + kv_head * GROUP + gm, mask=gm_mask, other=0.0)
-            m_all = m_all.to(tl.float32)
-            weight = tl.full([MERGE_HEADS], 1.0, tl.float32)
-        merged = tl.zeros([MERGE_HEADS, BLOCK_D], tl.float32)
+            m_all = tl.load(sinks_ptr + m_heads, mask=mr_mask, other=0.0).to(tl.float32)
+            weight = tl.full([MERGE_ROWS], 1.0, tl.float32)
+        merged = tl.zeros([MERGE_ROWS, BLOCK_D], tl.float32)
         for c0 in range(0, num_active, MERGE_CHUNK):
             pieces = c0 + c
-            chunk_mask = gm_mask[:, None] & (pieces < num_active)[None, :]  # [heads, chunk]
+            chunk_mask = mr_mask[:, None] & (pieces < num_active)[None, :]  # [rows, chunk]
             slot = rows[:, None] * num_splits + pieces[None, :]
             lse = tl.load(part_lse_ptr + slot, mask=chunk_mask, other=float("-inf"),
                           cache_modifier=".cg")  # fmt: skip
@@ -164,19 +182,18 @@ def _decode_kernel(
                 cache_modifier=".cg",
             )  # fmt: skip
             m_new = tl.maximum(m_all, tl.max(lse, 1))
-            m_new = tl.where(gm_mask, m_new, 0.0)  # padded heads: no inf - inf below
-            alpha = tl.exp(m_all - m_new)
-            w = tl.exp(lse - m_new[:, None])
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no weight yet: no inf - inf
+            alpha = tl.exp(m_all - m_use)
+            w = tl.exp(lse - m_use[:, None])
             merged = merged * alpha[:, None] + tl.sum(parts * w[:, :, None], 1)
             weight = weight * alpha + tl.sum(w, 1)
             m_all = m_new
         head_out = (
-            out_ptr + s * stride_ot + (kv_head * GROUP + gm[:, None]) * stride_oh + d[None, :]
+            out_ptr + m_token[:, None] * stride_ot + m_heads[:, None] * stride_oh + d[None, :]
         )
+        out = tl.where(weight[:, None] > 0, merged / tl.maximum(weight, 1e-30)[:, None], 0.0)
         tl.store(
-            head_out,
-            (merged / weight[:, None]).to(out_ptr.dtype.element_ty),
-            mask=gm_mask[:, None] & d_mask[None, :],
+            head_out, out.to(out_ptr.dtype.element_ty), mask=mr_mask[:, None] & d_mask[None, :]
         )
 
 
@@ -221,40 +238,51 @@ def decode_attention(
     window=None,
     softcap=None,
     sinks=None,
+    query_len=1,
 ):
-    """query [num_seqs, num_heads, head_dim] (one token per sequence) -> same shape. `tiles`:
-    the launch shape, this module's DECODE_TILES when None (read at each call, so a benchmark
-    can swap it)."""
+    """query [num_seqs x query_len, num_heads, head_dim] -> same shape: `query_len` tokens per
+    sequence (1: decode), the last positions of its seq_lens context, in order. `tiles`: the
+    launch shape, this module's DECODE_TILES when None (read at each call, so a benchmark can
+    swap it)."""
     tiles = tiles or DECODE_TILES
-    num_seqs, num_heads, head_dim = query.shape
+    num_tokens, num_heads, head_dim = query.shape
+    num_seqs = seq_lens.shape[0]
+    if num_tokens != num_seqs * query_len:
+        raise ValueError(
+            f"decode_attention: {num_tokens} query tokens for {num_seqs} sequences of "
+            f"{query_len} tokens each"
+        )
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
     # Pieces a visible context of up to this many positions may be cut into (the grid's depth).
-    max_visible = max_seq_len_static if window is None else min(max_seq_len_static, window)
+    max_visible = max_seq_len_static
+    if window is not None:
+        max_visible = min(max_seq_len_static, window + query_len - 1)
     splits_wanted = tiles.splits_per_sequence(num_seqs, num_kv_heads)
     num_splits = max(splits_wanted, triton.cdiv(max_visible, tiles.split_len))
     num_splits = max(1, min(num_splits, triton.cdiv(max_visible, tiles.block_n)))
     part_out = torch.empty(
-        num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device
+        num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device
     )
     part_lse = torch.empty(
-        num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device
+        num_tokens, num_heads, num_splits, dtype=torch.float32, device=query.device
     )
     arrivals = _ARRIVALS.get(query.device, num_seqs * num_kv_heads)
     out = torch.empty_like(query)
-    merge_heads = max(2, triton.next_power_of_2(group))
+    rows = group * query_len
+    merge_rows = max(2, triton.next_power_of_2(rows))
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, seq_lens, sinks if sinks is not None else query,
         part_out, part_lse, arrivals, out,
         scale, window or 0, softcap or 0.0, splits_wanted, num_splits,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)), MERGE_HEADS=merge_heads,
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, QUERY_LEN=query_len,
+        ROWS_PAD=max(16, triton.next_power_of_2(rows)), MERGE_ROWS=merge_rows,
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
         BLOCK_N=tiles.block_n, SPLIT_LEN=tiles.split_len,
-        # [heads, pieces, head_dim] fp32 per merge load: at most 64 (head, piece) rows of it.
-        MERGE_CHUNK=max(1, min(16, 64 // merge_heads, triton.next_power_of_2(num_splits))),
+        # [rows, pieces, head_dim] fp32 per merge load: at most 64 (row, piece) pairs of it.
+        MERGE_CHUNK=max(1, min(16, 64 // merge_rows, triton.next_power_of_2(num_splits))),
         DOT_PRECISION=dot_precision(query), HAS_WINDOW=window is not None,
         HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,

@@ -101,6 +101,7 @@ def test_decode_in_one_launch_is_stable_across_graph_replays() -> None:
 def _assert_replays_equal_eager(run, launches: int, replays: int) -> None:
     """A graph of `launches` calls of `run`, replayed `replays` times, gives the eager result."""
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # the case was made on the default stream
     with torch.cuda.stream(stream):
         want = run()  # also the warm-up that allocates this stream's counters
     torch.cuda.synchronize()
@@ -229,6 +230,44 @@ def test_windowed_decode_is_stable_across_graph_replays() -> None:
         return _triton().decode_attention(
             case["query"], case["k_cache"], case["v_cache"], case["block_tables"], seq_lens,
             case["scale"], 4096, window=700, sinks=sinks,
+        )  # fmt: skip
+
+    _assert_replays_equal_eager(run, launches=10, replays=5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("group", "query_len"), [(4, 5), (8, 8), (1, 2)])
+def test_decode_with_a_few_tokens_per_sequence_matches_twin(
+    dtype: torch.dtype, group: int, query_len: int
+) -> None:
+    """A verification step's layout (the same few tokens per sequence, causal among them)
+    through the decode kernel, plain and with the variants, against the twin's extend path."""
+    lens = [n for n in DECODE_LENS if n >= query_len]
+    case = make_case(lens, [query_len] * len(lens), 2, group, 128, 16, dtype, "cuda", seed=5)
+    for variant in [{}, *_variants(2 * group)]:
+        got = _triton().decode_attention(
+            case["query"], case["k_cache"], case["v_cache"], case["block_tables"],
+            case["seq_lens"], case["scale"], 8192, query_len=query_len, **variant,
+        )  # fmt: skip
+        want = _variant_reference(case, variant)
+        assert not torch.isnan(got).any(), variant
+        if dtype == torch.float32:
+            assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), variant
+        else:
+            assert _rel_error(got, want) < 1e-2, variant
+
+
+def test_verification_layout_is_stable_across_graph_replays() -> None:
+    lens = [4096, 600, 513, 5, 2000, 512, 3000, 0] * 4
+    case = make_case(
+        [max(n, 5) for n in lens], [5] * len(lens), 8, 4, 128, 16, torch.bfloat16, "cuda"
+    )
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+
+    def run():
+        return _triton().decode_attention(
+            case["query"], case["k_cache"], case["v_cache"], case["block_tables"], seq_lens,
+            case["scale"], 4096, query_len=5,
         )  # fmt: skip
 
     _assert_replays_equal_eager(run, launches=10, replays=5)

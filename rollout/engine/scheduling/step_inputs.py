@@ -50,6 +50,14 @@ class StepInputs:
         return self.num_tokens == self.num_seqs
 
     @property
+    def uniform_query_len(self) -> int:
+        """Tokens per sequence when every sequence has the same number, else 0."""
+        if self.decode_only:
+            return 1
+        lens = np.diff(self.query_start_loc)
+        return int(lens[0]) if len(lens) and lens.min() == lens.max() else 0
+
+    @property
     def needs_sort(self) -> bool:
         return bool(np.any(self.top_k > 0) or np.any(self.top_p < 1))
 
