@@ -118,33 +118,9 @@ def measure_point(
     )
 
     if profile and cuda:
-        from torch.profiler import ProfilerActivity
-        from torch.profiler import profile as torch_profile
-
-        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(steps):
-                engine.step()
-            torch.cuda.synchronize()
-        kinds: dict[str, float] = {}
-        top = []
-        for event in prof.key_averages():
-            us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
-            if not us:
-                continue
-            kind = kernel_kind(event.key)
-            kinds[kind] = kinds.get(kind, 0.0) + us / steps / 1e3
-            top.append((us / steps / 1e3, event.count / steps, kind, event.key[:80]))
-        kernels_ms = sum(kinds.values())
-        result["kernels_ms"] = kernels_ms
-        result["gap_ms"] = result["ms_per_step"] - kernels_ms
-        result["by_kind_ms"] = dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
-        top.sort(reverse=True)
-        result["top_kernels"] = [
-            {"ms": ms, "calls": calls, "kind": kind, "name": name}
-            for ms, calls, kind, name in top[:12]
-        ]
+        result |= profile_steps(engine, steps, wall_ms)
     if verify_drafts:
-        result |= time_verifications(engine, steps, verify_drafts, wall_ms, cuda)
+        result |= time_verifications(engine, steps, verify_drafts, wall_ms, cuda, profile)
     # The whole batch decoded through every measured step, none preempted (a point whose KV
     # does not fit the cache measures recomputation instead: it is refused).
     if len(engine.scheduler.running) != batch or engine.scheduler.num_preemptions != preemptions:
@@ -163,11 +139,48 @@ def measure_point(
 WARM_STEPS = 12
 
 
-def time_verifications(engine, steps: int, drafts: int, plain_ms: float, cuda: bool) -> dict:
+def profile_steps(engine, steps: int, wall_ms: float, prefix: str = "") -> dict:
+    """Device time per step by kind of kernel over `steps` more steps, and the gap to the wall
+    time `wall_ms` (keys prefixed with `prefix`)."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    kinds: dict[str, float] = {}
+    top = []
+    for event in prof.key_averages():
+        us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if not us:
+            continue
+        kind = kernel_kind(event.key)
+        kinds[kind] = kinds.get(kind, 0.0) + us / steps / 1e3
+        top.append((us / steps / 1e3, event.count / steps, kind, event.key[:80]))
+    kernels_ms = sum(kinds.values())
+    top.sort(reverse=True)
+    return {
+        f"{prefix}kernels_ms": kernels_ms,
+        f"{prefix}gap_ms": wall_ms - kernels_ms,
+        f"{prefix}by_kind_ms": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+        f"{prefix}top_kernels": [
+            {"ms": ms, "calls": calls, "kind": kind, "name": name}
+            for ms, calls, kind, name in top[:12]
+        ],
+    }
+
+
+def time_verifications(
+    engine, steps: int, drafts: int, plain_ms: float, cuda: bool, profile: bool = False
+) -> dict:
     """Wall time of speculative verification steps at the current batch: every sequence
     verifies `drafts` drafts a step (its last token repeated: with random weights they are
     rejected, so this is the cost of a verification, not its gain), scheduled and run as the
-    engine runs real ones (block tables, CUDA graphs, the sync order of the overlap loop)."""
+    engine runs real ones (block tables, CUDA graphs, the sync order of the overlap loop).
+    With `profile`, also their device time by kind of kernel over `steps` more of them (the gap
+    to the wall time is the host's share: a verification step is not overlapped)."""
     import torch
 
     scheduler = engine.scheduler
@@ -191,11 +204,12 @@ def time_verifications(engine, steps: int, drafts: int, plain_ms: float, cuda: b
         if cuda:
             torch.cuda.synchronize()
         verify_ms = 1e3 * (time.perf_counter() - start) / steps
+        profiled = profile_steps(engine, steps, verify_ms, "verify_") if profile and cuda else {}
     finally:
         del scheduler._draft
         scheduler.speculative_tokens = 0
     verifications = stats.verifications - before[0]
-    return {
+    return profiled | {
         "verify_drafts": drafts,
         "verify_ms_per_step": verify_ms,
         "verify_over_plain": verify_ms / plain_ms,
@@ -209,9 +223,9 @@ def time_verifications(engine, steps: int, drafts: int, plain_ms: float, cuda: b
 def decode_tokens(batch: int, context: int, steps: int, per_step: int) -> int:
     """New tokens per sequence that cover the prefill's stagger (a sequence admitted first
     decodes while the later prompts are prefilled, `per_step` prompt tokens a step), the
-    warm-up, the timed, the profiled and the verification steps."""
+    warm-up, the timed and the profiled steps, plain and verifying."""
     stagger = -(-batch * context // per_step) + batch
-    return stagger + WARM_STEPS + 3 * steps + 8
+    return stagger + WARM_STEPS + 4 * steps + 12
 
 
 def _set_decode_tiles(pairs: list[str]) -> dict:
@@ -338,9 +352,13 @@ def _print_point(p: dict) -> None:
             f"{p['tokens_per_verification']:.2f} tokens each",
             flush=True,
         )
-    if "by_kind_ms" in p:
-        kinds = ", ".join(f"{k} {v:.2f}" for k, v in p["by_kind_ms"].items())
-        print(f"[regimes]   kernels {p['kernels_ms']:.2f} ms ({kinds}); gap {p['gap_ms']:.2f} ms")
+    for prefix, what in (("", "kernels"), ("verify_", "verification kernels")):
+        if f"{prefix}by_kind_ms" in p:
+            kinds = ", ".join(f"{k} {v:.2f}" for k, v in p[f"{prefix}by_kind_ms"].items())
+            print(
+                f"[regimes]   {what} {p[f'{prefix}kernels_ms']:.2f} ms ({kinds}); "
+                f"gap {p[f'{prefix}gap_ms']:.2f} ms"
+            )
 
 
 def _print_table(report: dict) -> None:
