@@ -2,10 +2,15 @@
 
     python benchmarks/bench_host.py                  # w3's shape: 256 sequences x (256 + 1024)
     python benchmarks/bench_host.py --seqs 32
+    python benchmarks/bench_host.py --seqs 8 --prompt-len 2048 --verify-drafts 4
+                                                     # speculative verification steps
 
 The overlap loop hides this work behind the GPU only while it is shorter than the GPU step (w3's
 is a few ms on an H200: docs/performance.md), so this is the number to watch when the scheduler or
 the input building changes. Runs anywhere (no torch device work); sampled tokens are random.
+With --verify-drafts K every sequence verifies K drafts a step (its last token repeated; the
+random tokens reject them): a verification step runs in the sync order, so all of its host work
+is time the GPU waits.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ def measure(
     steps: int,
     block_size: int = 16,
     prefix_caching: bool = True,
+    verify_drafts: int = 0,
 ):
     """Median milliseconds per decode step of (schedule, build inputs, process results), with
     the prefix cache on as in the engine's default."""
@@ -57,6 +63,15 @@ def measure(
 
     while scheduler.waiting or any(s.num_output_tokens == 0 for s in scheduler.running):
         process(scheduler.schedule())  # the prefills
+    if verify_drafts:
+
+        def forced_draft(seq, budget: int) -> list[int]:
+            most = min(verify_drafts, seq.token_limit - len(seq.token_ids) - 1, budget - 1)
+            return [seq.token_ids[-1]] * max(most, 0)
+
+        scheduler._draft = forced_draft
+        scheduler.speculative_tokens, scheduler.speculation_max_pause = verify_drafts, 0
+        scheduler.speculative_max_seqs = num_seqs
     times = []
     for _ in range(min(steps, new_tokens - 2)):
         t0 = time.perf_counter()
@@ -78,12 +93,17 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--verify-drafts", type=int, default=0, help="verify K drafts a step")
     args = parser.parse_args()
     schedule, build, process = measure(
-        args.seqs, args.prompt_len, args.new_tokens, args.steps, 16, not args.no_prefix_caching
+        args.seqs, args.prompt_len, args.new_tokens, args.steps, 16, not args.no_prefix_caching,
+        args.verify_drafts,
+    )  # fmt: skip
+    kind = (
+        f"verification step ({args.verify_drafts} drafts)" if args.verify_drafts else "decode step"
     )
     print(
-        f"{args.seqs} sequences, median ms per decode step: schedule {schedule:.3f}, "
+        f"{args.seqs} sequences, median ms per {kind}: schedule {schedule:.3f}, "
         f"build inputs {build:.3f}, process results {process:.3f}, "
         f"total {schedule + build + process:.3f}"
     )
