@@ -21,8 +21,8 @@ class AttentionMetadata:
     q_block_start: torch.Tensor  # [num_q_blocks] int32, device: first query row within the chunk
     query_start_loc_host: list[int] | None  # host copies for the torch twin (None in CUDA graphs)
     seq_lens_host: list[int] | None
-    decode_only: bool  # one query per sequence: the split-KV decode kernel applies
     # Query tokens per sequence when every sequence has the same number (1 in decode, K + 1 in a
-    # verification step laid out for its graph), else 0: the decode kernel takes a few.
+    # verification step laid out for its graph), else 0: the split-KV decode kernel applies to 1
+    # and to a few.
     uniform_query_len: int
     max_model_len: int  # static bound on seq_lens (decode kernel grid)

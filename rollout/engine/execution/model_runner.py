@@ -179,7 +179,6 @@ class ModelRunner:
             q_block_start=dev["q_block_start"],
             query_start_loc_host=inputs.query_start_loc.tolist() if eager else None,
             seq_lens_host=inputs.seq_lens.tolist() if eager else None,
-            decode_only=inputs.decode_only,
             uniform_query_len=inputs.uniform_query_len,
             max_model_len=self.config.max_model_len,
         )
