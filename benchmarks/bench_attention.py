@@ -11,9 +11,10 @@ to torch SDPA on the same KV stored contiguously (no paging) and a plain device 
 
 --regimes times the kernel at the batches a grpo run goes through (from one sequence at 1K
 tokens to 128 at 2K, under a 16K static maximum), for each of a few launch choices
-(`DecodeTiles.target_programs`, KV tile): each time is the replay of a CUDA graph of 36 launches
-(one per layer of an 8B model) over the number of launches, as the engine runs it; do_bench's
-per-call timing would add the host's launch time to kernels of a few microseconds.
+(`DecodeTiles.target_programs`, longest piece): each time is the replay of a CUDA graph of 36
+launches (one per layer of an 8B model) over the number of launches, as the engine runs it
+(bench_gemm's `time_in_graph`); do_bench's per-call timing would add the host's launch time to
+kernels of a few microseconds.
 """
 
 from __future__ import annotations
@@ -156,6 +157,7 @@ def sweep_regimes(args) -> list[dict]:
 
     import torch
 
+    from benchmarks.bench_gemm import time_in_graph
     from rollout.kernels import triton_decode_attention as decode
     from rollout.kernels import triton_paged_attention as kernels
 
@@ -191,7 +193,7 @@ def sweep_regimes(args) -> list[dict]:
         line = []
         for name, tiles in choices.items():
             run = functools.partial(decode.decode_attention, *inputs, tiles)
-            us = _graph_time_us(run, launches=36)
+            us = 1e3 * time_in_graph(lambda i, run=run: run(), copies=36)
             rows.append({"point": point, "choice": name, "tiles": vars(tiles), "us": us,
                          "tb_per_s": kv_bytes / us / 1e6})  # fmt: skip
             line.append(f"{name} {us:.1f}")
@@ -215,7 +217,7 @@ def sweep_regimes(args) -> list[dict]:
             ),  # fmt: skip
         }
         for name, run in runs.items():
-            us = _graph_time_us(run, launches=36)
+            us = 1e3 * time_in_graph(lambda i, run=run: run(), copies=36)
             rows.append({"point": point, "choice": name, "us": us,
                          "tb_per_s": kv_bytes / us / 1e6})  # fmt: skip
             line.append(f"{name} {us:.1f}")
@@ -223,36 +225,6 @@ def sweep_regimes(args) -> list[dict]:
         del inputs, k_cache
         torch.cuda.empty_cache()
     return rows
-
-
-def _graph_time_us(run, launches: int, replays: int = 20, repeats: int = 5) -> float:
-    """Median over `repeats` of (time of `replays` replays of a graph of `launches` calls of
-    `run`) / (replays x launches), in microseconds."""
-    import statistics
-
-    import torch
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())  # the inputs were made on the default stream
-    with torch.cuda.stream(stream):
-        run()  # compiles, and allocates this stream's arrival counters outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(launches):
-            run()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / (replays * launches))
-    return statistics.median(times)
 
 
 if __name__ == "__main__":

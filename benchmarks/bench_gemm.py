@@ -36,6 +36,7 @@ def time_in_graph(fn, copies: int, replays: int = 20) -> float:
     import torch
 
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # fn's inputs were made on the default stream
     with torch.cuda.stream(stream):
         for i in range(copies):  # warm-up: kernel compilation, library handles
             fn(i)
