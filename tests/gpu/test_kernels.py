@@ -173,6 +173,15 @@ def _variants(num_heads: int) -> list[dict]:
     ]
 
 
+def _assert_matches_twin(got, want, dtype: torch.dtype, variant: dict) -> None:
+    """No NaN; to rounding in fp32, within 1% relative error in bf16/fp16."""
+    assert not torch.isnan(got).any(), variant
+    if dtype == torch.float32:
+        assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), variant
+    else:
+        assert _rel_error(got, want) < 1e-2, variant
+
+
 def _variant_reference(case, variant):
     return twin.paged_attention(
         case["query"], case["k_cache"], case["v_cache"], case["block_tables"],
@@ -191,12 +200,7 @@ def test_decode_variants_match_twin(dtype: torch.dtype, group: int) -> None:
             case["query"], case["k_cache"], case["v_cache"], case["block_tables"],
             case["seq_lens"], case["scale"], 8192, **variant,
         )  # fmt: skip
-        want = _variant_reference(case, variant)
-        assert not torch.isnan(got).any(), variant
-        if dtype == torch.float32:
-            assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), variant
-        else:
-            assert _rel_error(got, want) < 1e-2, variant
+        _assert_matches_twin(got, _variant_reference(case, variant), dtype, variant)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -210,12 +214,7 @@ def test_extend_variants_match_twin(dtype: torch.dtype) -> None:
             case["query_start_loc"], case["seq_lens"], case["q_block_seq"],
             case["q_block_start"], case["scale"], **variant,
         )  # fmt: skip
-        want = _variant_reference(case, variant)
-        assert not torch.isnan(got).any(), variant
-        if dtype == torch.float32:
-            assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), variant
-        else:
-            assert _rel_error(got, want) < 1e-2, variant
+        _assert_matches_twin(got, _variant_reference(case, variant), dtype, variant)
 
 
 def test_windowed_decode_is_stable_across_graph_replays() -> None:
@@ -253,12 +252,7 @@ def test_decode_with_a_few_tokens_per_sequence_matches_twin(
             case["query"], case["k_cache"], case["v_cache"], case["block_tables"],
             case["seq_lens"], case["scale"], 8192, query_len=query_len, **variant,
         )  # fmt: skip
-        want = _variant_reference(case, variant)
-        assert not torch.isnan(got).any(), variant
-        if dtype == torch.float32:
-            assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), variant
-        else:
-            assert _rel_error(got, want) < 1e-2, variant
+        _assert_matches_twin(got, _variant_reference(case, variant), dtype, variant)
 
 
 def test_verification_layout_is_stable_across_graph_replays() -> None:
