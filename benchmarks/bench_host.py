@@ -81,6 +81,11 @@ def measure(
         t2 = time.perf_counter()
         process(plan)
         times.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+    if verify_drafts and scheduler.speculation.verifications < len(times):
+        raise SystemExit(
+            f"--verify-drafts: {scheduler.speculation.verifications} verifications in "
+            f"{len(times)} steps; every step should verify (are --new-tokens too few?)"
+        )
     return [1e3 * float(np.median(column)) for column in zip(*times, strict=True)]
 
 
