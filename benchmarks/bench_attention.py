@@ -164,14 +164,18 @@ def sweep_regimes(args) -> list[dict]:
     hkv, d, bs, dtype = args.kv_heads, args.head_dim, args.block_size, torch.bfloat16
     max_context = args.max_context or 16640
     base = decode.DECODE_TILES
+    up_to_512 = dataclasses.replace(base, full_batch_split_len=0)
     choices = {
-        "fixed 512-token pieces": dataclasses.replace(base, target_programs=0),
+        "fixed 512-token pieces": dataclasses.replace(up_to_512, target_programs=0),
         **{
-            f"target {t} programs": dataclasses.replace(base, target_programs=t)
+            f"target {t} programs": dataclasses.replace(up_to_512, target_programs=t)
             for t in (128, 256, 512, 1024)
         },
         "target 256, pieces up to 1024": dataclasses.replace(
-            base, target_programs=256, split_len=1024
+            up_to_512, target_programs=256, split_len=1024
+        ),
+        "target 256, up to 1024 at a full batch": dataclasses.replace(
+            base, target_programs=256, full_batch_split_len=1024
         ),
     }
     rows = []

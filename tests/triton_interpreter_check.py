@@ -98,6 +98,15 @@ def check_decode() -> float:
             kernels.DecodeTiles(split_len=256, block_n=64, target_programs=target),
         )  # fmt: skip
         worst = max(worst, _error(got, want))
+    # A batch that fills the target alone (one piece wanted a sequence): pieces up to
+    # full_batch_split_len, 9 of 512 for the long context.
+    got = kernels.decode_attention(
+        case["query"], case["k_cache"], case["v_cache"], case["block_tables"], case["seq_lens"],
+        case["scale"], 8192,
+        kernels.DecodeTiles(split_len=256, block_n=64, target_programs=2,
+                            full_batch_split_len=512),
+    )  # fmt: skip
+    worst = max(worst, _error(got, want))
     # A context past the static maximum the grid was sized for still reads every position.
     got = kernels.decode_attention(
         case["query"], case["k_cache"], case["v_cache"], case["block_tables"], case["seq_lens"],

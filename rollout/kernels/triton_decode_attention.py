@@ -11,7 +11,8 @@ How long a piece is depends on the batch: a launch aims at `DecodeTiles.target_p
 programs, so a step with a handful of sequences cuts each context into many short pieces (a
 single sequence's 1K-token context would otherwise be read by 16 programs, each walking 512
 tokens one tile after another, while the rest of the GPU idles), and a large batch keeps pieces
-of `split_len` tokens. Each program derives its piece from its own sequence's visible length
+of `split_len` tokens, or of up to `full_batch_split_len` once its sequences alone fill the
+target (then fewer, longer pieces cost less merging than they lose in parallelism). Each program derives its piece from its own sequence's visible length
 on the device, so the grid depends only on the batch size and the static maximum context and the
 launch can sit inside a CUDA graph.
 
@@ -41,20 +42,28 @@ class DecodeTiles:
     """Launch shape of the decode kernel. Pieces of up to 512 tokens in 128-token KV tiles won
     `bench_attention.py --sweep` at large batches; aiming at 256 programs won
     `bench_attention.py --regimes` from one sequence to 128 (more programs cut long contexts
-    into more pieces than the merge can afford). See docs/performance.md, 'Decode attention
-    alone'."""
+    into more pieces than the merge can afford); once the batch alone fills the target, pieces
+    of up to 1,024 tokens won there from 32 sequences up (and lost where a piece is wanted
+    anyway: 4-16 long sequences). See docs/performance.md, 'Decode attention alone'."""
 
-    split_len: int = 512  # the longest piece of context one program reads
+    split_len: int = 512  # the longest piece while a launch wants several a sequence
     block_n: int = 128  # tokens per inner iteration, also the shortest piece
     num_warps: int = 4
     num_stages: int = 3
     target_programs: int = 256  # programs a launch aims at; 0: every piece is split_len long
+    full_batch_split_len: int = 1024  # the longest piece once a launch has one piece a sequence
 
     def splits_per_sequence(self, num_seqs: int, num_kv_heads: int) -> int:
         """How many pieces each (sequence, KV head) aims at for a batch of `num_seqs`."""
         if not self.target_programs:
             return 1
         return max(1, triton.cdiv(self.target_programs, max(num_seqs, 1) * num_kv_heads))
+
+    def longest_piece(self, splits_wanted: int) -> int:
+        """The longest piece one program reads, given the pieces each sequence aims at."""
+        if self.target_programs and splits_wanted == 1 and self.full_batch_split_len:
+            return self.full_batch_split_len
+        return self.split_len
 
 
 DECODE_TILES = DecodeTiles()
@@ -259,7 +268,8 @@ def decode_attention(
     if window is not None:
         max_visible = min(max_seq_len_static, window + query_len - 1)
     splits_wanted = tiles.splits_per_sequence(num_seqs, num_kv_heads)
-    num_splits = max(splits_wanted, triton.cdiv(max_visible, tiles.split_len))
+    split_len = tiles.longest_piece(splits_wanted)
+    num_splits = max(splits_wanted, triton.cdiv(max_visible, split_len))
     num_splits = max(1, min(num_splits, triton.cdiv(max_visible, tiles.block_n)))
     part_out = torch.empty(
         num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device
@@ -280,7 +290,7 @@ def decode_attention(
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, QUERY_LEN=query_len,
         ROWS_PAD=max(16, triton.next_power_of_2(rows)), MERGE_ROWS=merge_rows,
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
-        BLOCK_N=tiles.block_n, SPLIT_LEN=tiles.split_len,
+        BLOCK_N=tiles.block_n, SPLIT_LEN=split_len,
         # [rows, pieces, head_dim] fp32 per merge load: at most 64 (row, piece) pairs of it.
         MERGE_CHUNK=max(1, min(16, 64 // merge_rows, triton.next_power_of_2(num_splits))),
         DOT_PRECISION=dot_precision(query), HAS_WINDOW=window is not None,

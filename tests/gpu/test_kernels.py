@@ -57,6 +57,21 @@ def test_decode_matches_twin(group: int, head_dim: int, dtype: torch.dtype) -> N
     assert _rel_error(got, _reference(case)) < 1e-2
 
 
+def test_decode_at_a_full_batch_matches_twin() -> None:
+    """135 sequences x 2 KV heads fill the launch's target alone: one piece wanted a sequence,
+    pieces up to full_batch_split_len."""
+    lens = DECODE_LENS * 9
+    tiles = _triton().DECODE_TILES
+    assert tiles.longest_piece(tiles.splits_per_sequence(len(lens), 2)) > tiles.split_len
+    case = make_case(lens, [1] * len(lens), 2, 4, 128, 16, torch.bfloat16, "cuda", seed=11)
+    got = _triton().decode_attention(
+        case["query"], case["k_cache"], case["v_cache"], case["block_tables"], case["seq_lens"],
+        case["scale"], 8192,
+    )  # fmt: skip
+    assert not torch.isnan(got).any()
+    assert _rel_error(got, _reference(case)) < 1e-2
+
+
 def test_decode_fp32_is_exact_to_rounding() -> None:
     case = make_case(DECODE_LENS, [1] * len(DECODE_LENS), 2, 4, 64, 16, torch.float32, "cuda")
     got = _triton().decode_attention(
