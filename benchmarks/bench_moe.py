@@ -33,7 +33,7 @@ def measure(tokens: int, args, sweep: bool) -> dict:
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
-    from rollout.kernels import triton_moe
+    from rollout.kernels import torch_moe, triton_moe
 
     config = Qwen3MoeConfig(
         hidden_size=args.hidden,
@@ -69,6 +69,15 @@ def measure(tokens: int, args, sweep: bool) -> dict:
         error = (got.float() - want.float()).abs().max().item()
         grouped_ms = time_in_graph(lambda i: layers[i](x, index, weights), copies=2)
         fused_ms = time_in_graph(fused, copies=2)
+        # The pairs' expert order in front of the fused launches, both ways.
+        sort_ms = {
+            "torch_sort": time_in_graph(
+                lambda i: torch_moe.sort_by_expert(index, args.experts), copies=2
+            ),
+            "counting_sort": time_in_graph(
+                lambda i: triton_moe.sort_pairs_by_expert(index, args.experts), copies=2
+            ),
+        }
     row = {
         "tokens": tokens,
         "touched_experts": touched,
@@ -78,6 +87,8 @@ def measure(tokens: int, args, sweep: bool) -> dict:
         "fused_floor_fraction": floor_ms / fused_ms,
         "grouped_mm_floor_fraction": floor_ms / grouped_ms,
         "max_abs_diff": error,
+        "sort_ms": sort_ms,
+        "counting_sort_used": tokens * args.top_k <= triton_moe.COUNTING_SORT_MAX_PAIRS,
         "tiles": triton_moe.tiles(tokens * args.top_k, args.experts, torch.bfloat16),
     }
     if sweep:
@@ -133,7 +144,9 @@ def main(argv: list[str] | None = None) -> None:
             f"[moe] {tokens:5d} tokens, {r['touched_experts']:3d} experts: floor "
             f"{r['floor_ms']:.3f} ms | grouped_mm {r['grouped_mm_ms']:.3f} ms "
             f"({r['grouped_mm_floor_fraction']:.0%}) | fused {r['fused_ms']:.3f} ms "
-            f"({r['fused_floor_fraction']:.0%}) | max |diff| {r['max_abs_diff']:.2g}"
+            f"({r['fused_floor_fraction']:.0%}) | max |diff| {r['max_abs_diff']:.2g} | sort: "
+            f"torch {1e3 * r['sort_ms']['torch_sort']:.1f} us, counting "
+            f"{1e3 * r['sort_ms']['counting_sort']:.1f} us"
             + (f" | sweep best {r['sweep_best_ms']:.3f} ms {r['sweep_best_tiles']}" if args.sweep else ""),
             flush=True,
         )  # fmt: skip

@@ -204,6 +204,20 @@ def check_fused_experts() -> float:
     return worst
 
 
+def check_counting_sort() -> float:
+    """The pairs' expert order, counts and starts equal the twin's stable sort exactly: one pair,
+    a chunk and several, experts not a power of two, every pair on one expert, unpicked experts."""
+    g = torch.Generator().manual_seed(0)
+    mismatches = 0
+    for tokens, experts, top_k in [(1, 8, 2), (5, 60, 4), (40, 128, 8), (300, 16, 2), (7, 3, 1)]:
+        index = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)])
+        for routing in (index, torch.zeros_like(index[:, :1])):
+            got = triton_moe.sort_pairs_by_expert(routing, experts)
+            want = torch_moe.sort_by_expert(routing, experts)
+            mismatches += sum(not torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    return float(mismatches)
+
+
 if __name__ == "__main__":
     failed = False
     for name, check in [
@@ -214,6 +228,7 @@ if __name__ == "__main__":
         ("write_kv", check_write_kv),
         ("decode_linear", check_decode_linear),
         ("fused_experts", check_fused_experts),
+        ("counting sort of the experts' pairs", check_counting_sort),
     ]:
         error = check()
         print(f"{name}: max |triton - twin| = {error:.3g}")

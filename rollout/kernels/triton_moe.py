@@ -1,9 +1,13 @@
 """Fused MoE experts for CUDA: each touched expert's weights read once per step.
 
 At decode an MoE layer's tokens pick k of E experts each, so a step touches most experts with a
-few tokens apiece, and its time is the read of the touched experts' weights. The kernel sorts the
-step's token-expert pairs by expert (`torch_moe.sort_by_expert`, on the device, graph-safe) and
-runs two grouped launches over a grid of (expert, output-column block):
+few tokens apiece, and its time is the read of the touched experts' weights. The step's
+token-expert pairs are first put in expert order (stably, as `torch_moe.sort_by_expert` does):
+up to `COUNTING_SORT_MAX_PAIRS` pairs by one program that counts them per expert and places each
+at its expert's start plus the pairs of that expert before it (a decode step's few hundred pairs
+cost torch.sort's radix passes over 64-bit keys many times what they cost this way), larger
+prefill chunks by torch.sort. Then two grouped launches over a grid of (expert, output-column
+block):
 
 1. gate/up: each program streams its expert's gate and up rows for its column block once and
    multiplies every pair of that expert by them (BLOCK_M pairs at a time), then stores
@@ -24,6 +28,58 @@ import triton
 import triton.language as tl
 
 from rollout.kernels.torch_moe import sort_by_expert
+
+COUNTING_SORT_MAX_PAIRS = 4096
+
+
+@triton.jit
+def _counting_sort_kernel(
+    expert_ptr, order_ptr, counts_ptr, starts_ptr, num_pairs,
+    NUM_EXPERTS: tl.constexpr, EXPERTS_PAD: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    """One program: pairs per expert, each expert's first sorted place, then every pair's place
+    (its expert's start, plus the pairs of that expert before it: a stable sort)."""
+    experts = tl.arange(0, EXPERTS_PAD)
+    counts = tl.zeros([EXPERTS_PAD], tl.int32)
+    for c0 in range(0, num_pairs, CHUNK):
+        pairs = c0 + tl.arange(0, CHUNK)
+        expert = tl.load(expert_ptr + pairs, mask=pairs < num_pairs, other=-1).to(tl.int32)
+        counts += tl.sum((expert[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    starts = tl.cumsum(counts, axis=0) - counts
+    tl.store(counts_ptr + experts, counts, mask=experts < NUM_EXPERTS)
+    tl.store(starts_ptr + experts, starts, mask=experts < NUM_EXPERTS)
+    placed = starts  # per expert: where its next pair goes
+    for c0 in range(0, num_pairs, CHUNK):
+        pairs = c0 + tl.arange(0, CHUNK)
+        in_range = pairs < num_pairs
+        expert = tl.load(expert_ptr + pairs, mask=in_range, other=-1).to(tl.int32)
+        picks = (expert[:, None] == experts[None, :]).to(tl.int32)  # [CHUNK, EXPERTS_PAD]
+        earlier = tl.cumsum(picks, axis=0) - picks  # same-expert pairs before it in this chunk
+        place = tl.sum(picks * (earlier + placed[None, :]), axis=1)
+        tl.store(order_ptr + place, pairs, mask=in_range)
+        placed += tl.sum(picks, axis=0)
+
+
+def sort_pairs_by_expert(
+    top_k_index: torch.Tensor, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`torch_moe.sort_by_expert`'s result (the same stable order), on the GPU."""
+    expert_of_pair = top_k_index.reshape(-1)
+    num_pairs = expert_of_pair.numel()
+    if num_pairs > COUNTING_SORT_MAX_PAIRS:
+        return sort_by_expert(top_k_index, num_experts)
+    expert_of_pair = expert_of_pair.contiguous()
+    order = torch.empty(num_pairs, dtype=torch.int32, device=top_k_index.device)
+    counts = torch.empty(num_experts, dtype=torch.int32, device=top_k_index.device)
+    starts = torch.empty_like(counts)
+    experts_pad = triton.next_power_of_2(num_experts)
+    # [chunk, experts] int32 comparisons per iteration: at most 16K of them.
+    chunk = max(16, min(triton.next_power_of_2(num_pairs), 16384 // experts_pad))
+    _counting_sort_kernel[(1,)](
+        expert_of_pair, order, counts, starts, num_pairs,
+        NUM_EXPERTS=num_experts, EXPERTS_PAD=experts_pad, CHUNK=chunk, num_warps=8,
+    )  # fmt: skip
+    return order, counts, starts
 
 
 @triton.jit
@@ -143,13 +199,13 @@ def fused_experts(
     num_experts, two_i, _ = gate_up_proj.shape
     inter = two_i // 2
     num_pairs = num_tokens * top_k
-    out = hidden_states.new_zeros(num_tokens, top_k, hidden)
     if num_pairs == 0:
-        return out.sum(dim=1)
+        return hidden_states.new_zeros(num_tokens, hidden)
+    out = hidden_states.new_empty(num_tokens, top_k, hidden)  # the down launch writes every pair
     x = hidden_states.contiguous()
     gate_up = gate_up_proj if gate_up_proj.stride(-1) == 1 else gate_up_proj.contiguous()
     down = down_proj if down_proj.stride(-1) == 1 else down_proj.contiguous()
-    order, counts, starts = sort_by_expert(top_k_index, num_experts)
+    order, counts, starts = sort_pairs_by_expert(top_k_index, num_experts)
     weights = top_k_weights.reshape(-1).contiguous()
     act = hidden_states.new_empty(num_pairs, inter)
     settings = tiles(num_pairs, num_experts, hidden_states.dtype)

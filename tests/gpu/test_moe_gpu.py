@@ -38,6 +38,24 @@ def test_kernel_equals_twin(tokens: int, dtype: torch.dtype) -> None:
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("experts", [128, 60])
+@pytest.mark.parametrize("tokens", [1, 32, 128, 512])
+def test_counting_sort_equals_the_twins_stable_sort(tokens: int, experts: int) -> None:
+    """The pairs' expert order, counts and starts, exactly; 512 tokens x 8 is the most pairs the
+    counting sort takes."""
+    from rollout.kernels.torch_moe import sort_by_expert
+    from rollout.kernels.triton_moe import COUNTING_SORT_MAX_PAIRS, sort_pairs_by_expert
+
+    assert tokens * 8 <= COUNTING_SORT_MAX_PAIRS
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    logits = torch.randn(tokens, experts, generator=g, device="cuda")
+    index = logits.topk(8, dim=-1).indices
+    for got, want in zip(
+        sort_pairs_by_expert(index, experts), sort_by_expert(index, experts), strict=True
+    ):
+        assert torch.equal(got, want)
+
+
 def _engine(model, **overrides) -> LLMEngine:
     settings = dict(
         device="cuda",
