@@ -6,7 +6,8 @@ token-expert pairs are first put in expert order (stably, as `torch_moe.sort_by_
 up to `COUNTING_SORT_MAX_PAIRS` pairs by one program that counts them per expert and places each
 at its expert's start plus the pairs of that expert before it (a decode step's few hundred pairs
 cost torch.sort's radix passes over 64-bit keys many times what they cost this way), larger
-prefill chunks by torch.sort. Then two grouped launches over a grid of (expert, output-column
+batches and prefill chunks by torch.sort (bench_moe.py: 15.8 against 42.3 us at 256 pairs, 50.2
+against 45.2 at 1,024). Then two grouped launches over a grid of (expert, output-column
 block):
 
 1. gate/up: each program streams its expert's gate and up rows for its column block once and
@@ -29,7 +30,7 @@ import triton.language as tl
 
 from rollout.kernels.torch_moe import sort_by_expert
 
-COUNTING_SORT_MAX_PAIRS = 4096
+COUNTING_SORT_MAX_PAIRS = 512
 
 
 @triton.jit
