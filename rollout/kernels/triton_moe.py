@@ -4,11 +4,10 @@ At decode an MoE layer's tokens pick k of E experts each, so a step touches most
 few tokens apiece, and its time is the read of the touched experts' weights. The step's
 token-expert pairs are first put in expert order (stably, as `torch_moe.sort_by_expert` does):
 up to `COUNTING_SORT_MAX_PAIRS` pairs by one program that counts them per expert and places each
-at its expert's start plus the pairs of that expert before it (a decode step's few hundred pairs
-cost torch.sort's radix passes over 64-bit keys many times what they cost this way), larger
-batches and prefill chunks by torch.sort (bench_moe.py: 15.8 against 42.3 us at 256 pairs, 50.2
-against 45.2 at 1,024). Then two grouped launches over a grid of (expert, output-column
-block):
+at its expert's start plus the pairs of that expert before it (for a decode step's few hundred
+pairs that is cheaper than torch.sort's radix passes over 64-bit keys; one program's chunks in
+a row lose from about a thousand pairs on, see docs/performance.md), larger batches and prefill
+chunks by torch.sort. Then two grouped launches over a grid of (expert, output-column block):
 
 1. gate/up: each program streams its expert's gate and up rows for its column block once and
    multiplies every pair of that expert by them (BLOCK_M pairs at a time), then stores

@@ -189,6 +189,9 @@ def test_bench_decode_regimes_names_kernel_kinds() -> None:
     assert kind("_decode_kernel") == "attention"
     assert kind("triton_red_fused_add_mean_mul_pow_rsqrt_0") == "fused norms and elementwise"
     assert kind("_gate_up_kernel") == "moe experts"
+    assert kind("_counting_sort_kernel") == "moe routing"
+    assert kind("void at::native::radixSortKVInPlace<-2, -1, 32, 32, long, long>") == "moe routing"
+    assert kind("_sample_kernel") == "sampler"
     assert kind("something_else") == "other"
     with pytest.raises(SystemExit, match="is not BxC"):
         _script("bench_decode_regimes").parse_points("8x2048,oops")
