@@ -12,9 +12,9 @@ programs, so a step with a handful of sequences cuts each context into many shor
 single sequence's 1K-token context would otherwise be read by 16 programs, each walking 512
 tokens one tile after another, while the rest of the GPU idles), and a large batch keeps pieces
 of `split_len` tokens, or of up to `full_batch_split_len` once its sequences alone fill the
-target (then fewer, longer pieces cost less merging than they lose in parallelism). Each program derives its piece from its own sequence's visible length
-on the device, so the grid depends only on the batch size and the static maximum context and the
-launch can sit inside a CUDA graph.
+target (then fewer, longer pieces cost less merging than they lose in parallelism). Each program
+derives its piece from its own sequence's visible length on the device, so the grid depends only
+on the batch size and the static maximum context and the launch can sit inside a CUDA graph.
 
 With a sliding window the pieces cover only the window's positions. Softcap and sinks are
 compile-time switches: a layer without them runs the same code as before.

@@ -30,6 +30,7 @@ import triton.language as tl
 from rollout.kernels.torch_moe import sort_by_expert
 
 COUNTING_SORT_MAX_PAIRS = 512
+COUNTING_SORT_MAX_EXPERTS = 1024  # its [chunk, experts] one-hot lives in one program's registers
 
 
 @triton.jit
@@ -66,7 +67,7 @@ def sort_pairs_by_expert(
     """`torch_moe.sort_by_expert`'s result (the same stable order), on the GPU."""
     expert_of_pair = top_k_index.reshape(-1)
     num_pairs = expert_of_pair.numel()
-    if num_pairs > COUNTING_SORT_MAX_PAIRS:
+    if num_pairs > COUNTING_SORT_MAX_PAIRS or num_experts > COUNTING_SORT_MAX_EXPERTS:
         return sort_by_expert(top_k_index, num_experts)
     expert_of_pair = expert_of_pair.contiguous()
     order = torch.empty(num_pairs, dtype=torch.int32, device=top_k_index.device)
