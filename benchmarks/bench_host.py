@@ -1,4 +1,6 @@
-"""Host work of a decode step without a model: schedule, build the step's inputs, process results.
+"""Host work of a decode step without a model: schedule, build the step's inputs, pack them as the
+runner does for a CUDA graph (the padded layout, written into the slot's input buffer), process
+results.
 
     python benchmarks/bench_host.py                  # w3's shape: 256 sequences x (256 + 1024)
     python benchmarks/bench_host.py --seqs 32
@@ -24,6 +26,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rollout.engine.execution.cuda_graph import (  # noqa: E402
+    default_buckets,
+    graph_width,
+    pad_step_inputs,
+)
+from rollout.engine.execution.step_slot import StepSlot  # noqa: E402
+from rollout.engine.execution.streams import StepStreams  # noqa: E402
 from rollout.engine.sampling_params import SamplingParams  # noqa: E402
 from rollout.engine.scheduling.block_manager import BlockManager  # noqa: E402
 from rollout.engine.scheduling.scheduler import Scheduler  # noqa: E402
@@ -40,8 +49,10 @@ def measure(
     prefix_caching: bool = True,
     verify_drafts: int = 0,
 ):
-    """Median milliseconds per decode step of (schedule, build inputs, process results), with
-    the prefix cache on as in the engine's default."""
+    """Median milliseconds per decode step of (schedule, build inputs, pack them for the step's
+    graph, process results), with the prefix cache on as in the engine's default."""
+    import torch
+
     max_len = prompt_len + new_tokens + block_size
     blocks = BlockManager(num_seqs * -(-max_len // block_size), block_size)
     scheduler = Scheduler(
@@ -72,15 +83,25 @@ def measure(
         scheduler._draft = forced_draft
         scheduler.speculative_tokens, scheduler.speculation_max_pause = verify_drafts, 0
         scheduler.speculative_max_seqs = num_seqs
+    # One of the runner's two slots, as the engine sizes it (pinned memory only on CUDA).
+    cpu = torch.device("cpu")
+    max_rows = num_seqs * (1 + verify_drafts)
+    slot = StepSlot(StepStreams(cpu), cpu, 8192, num_seqs, -(-max_len // block_size), max_rows)
+    bucket = next(b for b in default_buckets(num_seqs) if b >= num_seqs)
     times = []
     for _ in range(min(steps, new_tokens - 2)):
         t0 = time.perf_counter()
         plan = scheduler.schedule()
         t1 = time.perf_counter()
-        build_step_inputs(plan, block_size, scheduler.table_rows)
+        inputs = build_step_inputs(plan, block_size, scheduler.table_rows)
         t2 = time.perf_counter()
+        width = graph_width(inputs, verify_drafts + 1)
+        if width is None:
+            raise SystemExit("bench_host: a step the engine would run without its CUDA graph")
+        slot.fill_host(pad_step_inputs(inputs, bucket, width, slot.max_blocks_per_seq))
+        t3 = time.perf_counter()
         process(plan)
-        times.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+        times.append((t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3))
     if verify_drafts and scheduler.speculation.verifications < len(times):
         raise SystemExit(
             f"--verify-drafts: {scheduler.speculation.verifications} verifications in "
@@ -100,7 +121,7 @@ def main() -> None:
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--verify-drafts", type=int, default=0, help="verify K drafts a step")
     args = parser.parse_args()
-    schedule, build, process = measure(
+    schedule, build, pack, process = measure(
         args.seqs, args.prompt_len, args.new_tokens, args.steps, 16, not args.no_prefix_caching,
         args.verify_drafts,
     )  # fmt: skip
@@ -109,8 +130,8 @@ def main() -> None:
     )
     print(
         f"{args.seqs} sequences, median ms per {kind}: schedule {schedule:.3f}, "
-        f"build inputs {build:.3f}, process results {process:.3f}, "
-        f"total {schedule + build + process:.3f}"
+        f"build inputs {build:.3f}, pack for the graph {pack:.3f}, process results "
+        f"{process:.3f}, total {schedule + build + pack + process:.3f}"
     )
 
 

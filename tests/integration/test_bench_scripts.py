@@ -113,8 +113,8 @@ def test_bench_rollout_engine_overrides_are_checked_before_any_work() -> None:
 
 
 def test_bench_host_times_each_part_of_a_decode_step() -> None:
-    schedule, build, process = _script("bench_host").measure(8, 16, 32, steps=10)
-    assert schedule > 0 and build > 0 and process > 0
+    schedule, build, pack, process = _script("bench_host").measure(8, 16, 32, steps=10)
+    assert schedule > 0 and build > 0 and pack > 0 and process > 0
     # Verification steps: 2 drafts a sequence, rejected by the random tokens, every step.
     times = _script("bench_host").measure(8, 16, 64, steps=10, verify_drafts=2)
     assert all(t > 0 for t in times)
