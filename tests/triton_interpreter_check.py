@@ -206,10 +206,12 @@ def check_fused_experts() -> float:
 
 def check_counting_sort() -> float:
     """The pairs' expert order, counts and starts equal the twin's stable sort exactly: one pair,
-    a chunk and several, experts not a power of two, every pair on one expert, unpicked experts."""
+    one chunk and more than one (4,200 pairs), experts not a power of two, every pair on one
+    expert, unpicked experts."""
     g = torch.Generator().manual_seed(0)
     mismatches = 0
-    for tokens, experts, top_k in [(1, 8, 2), (5, 60, 4), (40, 128, 8), (300, 16, 2), (7, 3, 1)]:
+    cases = [(1, 8, 2), (5, 60, 4), (40, 128, 8), (300, 16, 2), (2100, 16, 2), (7, 3, 1)]
+    for tokens, experts, top_k in cases:
         index = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)])
         for routing in (index, torch.zeros_like(index[:, :1])):
             got = triton_moe.sort_pairs_by_expert(routing, experts)

@@ -3,11 +3,11 @@
 At decode an MoE layer's tokens pick k of E experts each, so a step touches most experts with a
 few tokens apiece, and its time is the read of the touched experts' weights. The step's
 token-expert pairs are first put in expert order (stably, as `torch_moe.sort_by_expert` does):
-up to `COUNTING_SORT_MAX_PAIRS` pairs by one program that counts them per expert and places each
-at its expert's start plus the pairs of that expert before it (for a decode step's few hundred
-pairs that is cheaper than torch.sort's radix passes over 64-bit keys; one program's chunks in
-a row lose from about a thousand pairs on, see docs/performance.md), larger batches and prefill
-chunks by torch.sort. Then two grouped launches over a grid of (expert, output-column block):
+up to `COUNTING_SORT_MAX_PAIRS` pairs by a counting sort with one program per expert, each of
+which reads all the pairs, counts its own and the lower experts' (its start), and places its
+own pairs in order (a decode step's pairs are a few KB, so one launch of independent programs
+is cheaper than torch.sort's radix passes over 64-bit keys); larger prefill chunks by
+torch.sort. Then two grouped launches over a grid of (expert, output-column block):
 
 1. gate/up: each program streams its expert's gate and up rows for its column block once and
    multiplies every pair of that expert by them (BLOCK_M pairs at a time), then stores
@@ -29,36 +29,37 @@ import triton.language as tl
 
 from rollout.kernels.torch_moe import sort_by_expert
 
-COUNTING_SORT_MAX_PAIRS = 512
-COUNTING_SORT_MAX_EXPERTS = 1024  # its [chunk, experts] one-hot lives in one program's registers
+# Above this many pairs (2,048 tokens at top-8, prefill chunks) torch.sort's radix passes: every
+# counting program reads all the pairs, which grows with the chunk (see docs/performance.md).
+COUNTING_SORT_MAX_PAIRS = 16384
 
 
 @triton.jit
 def _counting_sort_kernel(
-    expert_ptr, order_ptr, counts_ptr, starts_ptr, num_pairs,
-    NUM_EXPERTS: tl.constexpr, EXPERTS_PAD: tl.constexpr, CHUNK: tl.constexpr,
+    expert_ptr, order_ptr, counts_ptr, starts_ptr, num_pairs, NUM_EXPERTS, CHUNK: tl.constexpr,
 ):  # fmt: skip
-    """One program: pairs per expert, each expert's first sorted place, then every pair's place
-    (its expert's start, plus the pairs of that expert before it: a stable sort)."""
-    experts = tl.arange(0, EXPERTS_PAD)
-    counts = tl.zeros([EXPERTS_PAD], tl.int32)
+    """One program per expert, all independent: it counts the pairs of its expert and those of
+    lower experts (its first sorted place), then places its own pairs in pair order (stable)."""
+    expert = tl.program_id(0)
+    count = 0
+    start = 0
     for c0 in range(0, num_pairs, CHUNK):
         pairs = c0 + tl.arange(0, CHUNK)
-        expert = tl.load(expert_ptr + pairs, mask=pairs < num_pairs, other=-1).to(tl.int32)
-        counts += tl.sum((expert[:, None] == experts[None, :]).to(tl.int32), axis=0)
-    starts = tl.cumsum(counts, axis=0) - counts
-    tl.store(counts_ptr + experts, counts, mask=experts < NUM_EXPERTS)
-    tl.store(starts_ptr + experts, starts, mask=experts < NUM_EXPERTS)
-    placed = starts  # per expert: where its next pair goes
+        chosen = tl.load(expert_ptr + pairs, mask=pairs < num_pairs, other=NUM_EXPERTS)
+        count += tl.sum((chosen == expert).to(tl.int32), axis=0)
+        start += tl.sum((chosen < expert).to(tl.int32), axis=0)
+    tl.store(counts_ptr + expert, count)
+    tl.store(starts_ptr + expert, start)
+    if count == 0:
+        return
+    placed = start  # where this expert's next pair goes
     for c0 in range(0, num_pairs, CHUNK):
         pairs = c0 + tl.arange(0, CHUNK)
-        in_range = pairs < num_pairs
-        expert = tl.load(expert_ptr + pairs, mask=in_range, other=-1).to(tl.int32)
-        picks = (expert[:, None] == experts[None, :]).to(tl.int32)  # [CHUNK, EXPERTS_PAD]
-        earlier = tl.cumsum(picks, axis=0) - picks  # same-expert pairs before it in this chunk
-        place = tl.sum(picks * (earlier + placed[None, :]), axis=1)
-        tl.store(order_ptr + place, pairs, mask=in_range)
-        placed += tl.sum(picks, axis=0)
+        chosen = tl.load(expert_ptr + pairs, mask=pairs < num_pairs, other=NUM_EXPERTS)
+        mine = (chosen == expert).to(tl.int32)
+        earlier = tl.cumsum(mine, axis=0) - mine  # this expert's pairs before it in the chunk
+        tl.store(order_ptr + placed + earlier, pairs, mask=mine == 1)
+        placed += tl.sum(mine, axis=0)
 
 
 def sort_pairs_by_expert(
@@ -67,18 +68,15 @@ def sort_pairs_by_expert(
     """`torch_moe.sort_by_expert`'s result (the same stable order), on the GPU."""
     expert_of_pair = top_k_index.reshape(-1)
     num_pairs = expert_of_pair.numel()
-    if num_pairs > COUNTING_SORT_MAX_PAIRS or num_experts > COUNTING_SORT_MAX_EXPERTS:
+    if num_pairs > COUNTING_SORT_MAX_PAIRS:
         return sort_by_expert(top_k_index, num_experts)
     expert_of_pair = expert_of_pair.contiguous()
     order = torch.empty(num_pairs, dtype=torch.int32, device=top_k_index.device)
     counts = torch.empty(num_experts, dtype=torch.int32, device=top_k_index.device)
     starts = torch.empty_like(counts)
-    experts_pad = triton.next_power_of_2(num_experts)
-    # [chunk, experts] int32 comparisons per iteration: at most 16K of them.
-    chunk = max(16, min(triton.next_power_of_2(num_pairs), 16384 // experts_pad))
-    _counting_sort_kernel[(1,)](
-        expert_of_pair, order, counts, starts, num_pairs,
-        NUM_EXPERTS=num_experts, EXPERTS_PAD=experts_pad, CHUNK=chunk, num_warps=8,
+    chunk = max(16, min(triton.next_power_of_2(num_pairs), 4096))
+    _counting_sort_kernel[(num_experts,)](
+        expert_of_pair, order, counts, starts, num_pairs, num_experts, CHUNK=chunk, num_warps=4,
     )  # fmt: skip
     return order, counts, starts
 

@@ -39,10 +39,10 @@ def test_kernel_equals_twin(tokens: int, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("experts", [128, 60])
-@pytest.mark.parametrize("tokens", [1, 8, 32, 64])
+@pytest.mark.parametrize("tokens", [1, 8, 32, 64, 128, 700, 2048])
 def test_counting_sort_equals_the_twins_stable_sort(tokens: int, experts: int) -> None:
-    """The pairs' expert order, counts and starts, exactly; 64 tokens x 8 is the most pairs the
-    counting sort takes."""
+    """The pairs' expert order, counts and starts, exactly; 2,048 tokens x 8 is the most pairs
+    the counting sort takes, 700 x 8 is more than one chunk and not a multiple of it."""
     from rollout.kernels.torch_moe import sort_by_expert
     from rollout.kernels.triton_moe import COUNTING_SORT_MAX_PAIRS, sort_pairs_by_expert
 
