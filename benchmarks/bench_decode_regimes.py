@@ -35,8 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # fused kernels named triton_poi_ / triton_red_ / triton_per_).
 KERNEL_KINDS = (
     ("moe experts", r"_gate_up_kernel|_down_kernel|grouped_mm|_moe"),
-    # The sort of a step's token-expert pairs in front of the experts (ours, or torch.sort's).
-    ("moe routing", r"_counting_sort|radixSort|bitonicSort|segmented_sort"),
+    # Our routers' softmax top-k, and the sort of a step's token-expert pairs in front of the
+    # experts (ours, or torch.sort's); torch.topk's launches count under "sampler".
+    ("moe routing", r"_top_k_routing|_counting_sort|radixSort|bitonicSort|segmented_sort"),
     ("gemm", r"nvjet|gemm|cutlass|splitK|_decode_linear|xmma|cublas|sm90"),
     ("attention", r"_decode_kernel|_extend_kernel|attention|flash|fmha"),
     ("kv write", r"_write_kv"),

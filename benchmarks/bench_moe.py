@@ -1,4 +1,6 @@
-"""One MoE layer's experts alone: transformers' grouped_mm path against our fused Triton kernel.
+"""One MoE layer's experts alone: transformers' grouped_mm path against our fused Triton kernel;
+and the two small launches in front of them, the router's softmax top-k and the pairs' sort,
+each both ways.
 
     python benchmarks/bench_moe.py                        # Qwen3-30B-A3B's experts, 1..512 tokens
     python benchmarks/bench_moe.py --tokens 32 --sweep    # also try the kernel's tile choices
@@ -33,7 +35,7 @@ def measure(tokens: int, args, sweep: bool) -> dict:
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
-    from rollout.kernels import torch_moe, triton_moe
+    from rollout.kernels import torch_moe, triton_moe, triton_routing
 
     config = Qwen3MoeConfig(
         hidden_size=args.hidden,
@@ -78,6 +80,24 @@ def measure(tokens: int, args, sweep: bool) -> dict:
                 lambda i: triton_moe.sort_pairs_by_expert(index, args.experts), copies=2
             ),
         }
+        # The router's softmax top-k in front of them: its PyTorch code, and our one launch.
+        router_logits = torch.randn(
+            tokens, args.experts, device="cuda", dtype=torch.bfloat16, generator=g
+        )
+        routing_ms = {
+            "torch": time_in_graph(
+                lambda i: torch_moe.top_k_routing_reference(
+                    router_logits, args.top_k, True, torch.bfloat16
+                ),
+                copies=2,
+            ),
+            "fused": time_in_graph(
+                lambda i: triton_routing.top_k_routing(
+                    router_logits, args.top_k, True, torch.bfloat16
+                ),
+                copies=2,
+            ),
+        }
     row = {
         "tokens": tokens,
         "touched_experts": touched,
@@ -88,6 +108,7 @@ def measure(tokens: int, args, sweep: bool) -> dict:
         "grouped_mm_floor_fraction": floor_ms / grouped_ms,
         "max_abs_diff": error,
         "sort_ms": sort_ms,
+        "routing_ms": routing_ms,
         "counting_sort_used": tokens * args.top_k <= triton_moe.COUNTING_SORT_MAX_PAIRS,
         "tiles": triton_moe.tiles(tokens * args.top_k, args.experts, torch.bfloat16),
     }
@@ -146,7 +167,8 @@ def main(argv: list[str] | None = None) -> None:
             f"({r['grouped_mm_floor_fraction']:.0%}) | fused {r['fused_ms']:.3f} ms "
             f"({r['fused_floor_fraction']:.0%}) | max |diff| {r['max_abs_diff']:.2g} | sort: "
             f"torch {1e3 * r['sort_ms']['torch_sort']:.1f} us, counting "
-            f"{1e3 * r['sort_ms']['counting_sort']:.1f} us"
+            f"{1e3 * r['sort_ms']['counting_sort']:.1f} us | routing: torch "
+            f"{1e3 * r['routing_ms']['torch']:.1f} us, fused {1e3 * r['routing_ms']['fused']:.1f} us"
             + (f" | sweep best {r['sweep_best_ms']:.3f} ms {r['sweep_best_tiles']}" if args.sweep else ""),
             flush=True,
         )  # fmt: skip

@@ -9,7 +9,7 @@ import sys
 import torch
 import triton.runtime.interpreter as interpreter
 
-from rollout.kernels import torch_moe, triton_linear, triton_moe
+from rollout.kernels import torch_moe, triton_linear, triton_moe, triton_routing
 from rollout.kernels import torch_paged_attention as twin
 from rollout.kernels import triton_paged_attention as kernels
 from tests.kernel_cases import make_case
@@ -220,6 +220,35 @@ def check_counting_sort() -> float:
     return float(mismatches)
 
 
+def check_top_k_routing() -> float:
+    """The softmax top-k against the routers' code: the experts exactly, the weights within
+    rounding; a handful of tokens or more than a program's block, experts not a power of two,
+    renormalized or not, cast or fp32. Equal logits go to the lower index, in that order."""
+    g = torch.Generator().manual_seed(0)
+    worst = 0.0
+    cases = [(1, 8, 2), (37, 60, 4), (5, 128, 8), (20, 3, 1)]
+    for tokens, experts, top_k in cases:
+        logits = torch.randn(tokens, experts, generator=g)
+        for renormalize, dtype in [
+            (True, torch.float32),
+            (False, torch.float32),
+            (True, torch.bfloat16),
+        ]:
+            got = triton_routing.top_k_routing(logits, top_k, renormalize, dtype)
+            want = torch_moe.top_k_routing_reference(logits, top_k, renormalize, dtype)
+            if not torch.equal(got[1], want[1]) or got[0].dtype != dtype:
+                return float("inf")
+            worst = max(
+                worst, _error(got[0].float(), want[0].float()) if dtype == torch.float32 else 0.0
+            )
+    ties = torch.zeros(2, 6)
+    ties[1, 4] = 1.0
+    _, index = triton_routing.top_k_routing(ties, 3, True, torch.float32)
+    if index.tolist() != [[0, 1, 2], [4, 0, 1]]:
+        return float("inf")
+    return worst
+
+
 if __name__ == "__main__":
     failed = False
     for name, check in [
@@ -231,6 +260,7 @@ if __name__ == "__main__":
         ("decode_linear", check_decode_linear),
         ("fused_experts", check_fused_experts),
         ("counting sort of the experts' pairs", check_counting_sort),
+        ("softmax top-k routing", check_top_k_routing),
     ]:
         error = check()
         print(f"{name}: max |triton - twin| = {error:.3g}")

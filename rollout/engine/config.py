@@ -55,6 +55,11 @@ class EngineConfig:
     """On CUDA, run MoE experts (transformers' 3-D expert weights, SiLU-gated, no biases: Qwen2/3-MoE,
     Mixtral, OLMoE, ...) with our fused Triton kernel, which reads each touched expert once per
     step; other MoE models keep transformers' experts path. Set False to compare."""
+    fused_routing: bool = True
+    """On CUDA, run the softmax routers of Qwen2/3-MoE, OLMoE and Mixtral (softmax, top-k,
+    renormalization, cast) as one Triton launch a layer instead of PyTorch's four to six; the
+    router's logits GEMM and its weight stay its own. Other routers keep their code. Set False
+    to compare."""
     attention: str = "auto"
     """Paged attention backend: "triton" on CUDA, "torch" (the reference twin) elsewhere."""
     enable_prefix_caching: bool = True

@@ -8,8 +8,9 @@ triton_decode_attention.py  split-KV decode, merged in the same launch
 triton_attention_tiles.py   per K/V tile: the paged read and the online-softmax fold
 triton_sampler.py           one-pass sampling for rows without top-k/top-p/min-p
 triton_linear.py            decode_linear: a GEMM for decode's few rows
+triton_routing.py           top_k_routing: an MoE router's softmax and top-k in one launch
 triton_moe.py               fused_experts: MoE experts, each touched expert read once per step
-torch_moe.py                its PyTorch reference twin (test oracle)
+torch_moe.py                the PyTorch reference twins of both (test oracles)
 tiling.py                   launch settings the host code shares (no torch)
 """
 

@@ -5,12 +5,26 @@ Triton kernel sort the token-expert pairs by expert, run each expert's SiLU-gate
 pairs (gate and up in fp32, their product rounded to the activations' dtype, as the kernel stores
 it between its two launches), scale each pair's output by its routing weight in fp32 and round,
 then sum each token's k pair outputs. It is the oracle of the kernel's tests, not a fast path.
+`top_k_routing_reference` is the softmax routers' code in front of the experts, the twin of
+`triton_routing.top_k_routing`.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+
+def top_k_routing_reference(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool, weights_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, k], expert index [T, k]) as Qwen2/3-MoE's, OLMoE's and Mixtral's routers
+    compute them from their logits [T, E]."""
+    probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
+    weights, index = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(weights_dtype), index
 
 
 def sort_by_expert(

@@ -56,6 +56,35 @@ def test_counting_sort_equals_the_twins_stable_sort(tokens: int, experts: int) -
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen2_moe", "olmoe", "mixtral"])
+def test_routing_kernel_equals_each_routers_own_forward(model_type: str, dtype) -> None:
+    """128 experts, top-8, 1 to 300 tokens (one program and many). The experts exactly, except
+    that bf16 logits can tie at the k-th place, where either is a top-k: there the same logits."""
+    from rollout.engine.model.fused_routing import fused_router_forward, router_code
+
+    model = model_zoo.tiny_model(
+        model_type, num_experts=128, num_local_experts=128, num_experts_per_tok=8
+    ).to("cuda", dtype)
+    router = next(m for m in model.modules() if router_code(m) is not None)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    for tokens in (1, 16, 300):
+        x = torch.randn(tokens, router.hidden_dim, generator=g, device="cuda").to(dtype)
+        with torch.no_grad():
+            want_logits, want_weights, want_index = router(x)
+            logits, weights, index = fused_router_forward(router, x)
+        assert torch.equal(logits, want_logits) and weights.dtype == want_weights.dtype
+        top = logits.float().topk(9, dim=-1).values
+        clear = top[:, 7] != top[:, 8]  # no tie at the k-th place
+        assert torch.equal(index.sort(-1).values[clear], want_index.sort(-1).values[clear])
+        chosen = logits.float().gather(1, index).sort(-1, descending=True).values
+        assert torch.equal(chosen, top[:, :8])  # every row: a top-8 by the logits
+        by_expert = weights.gather(1, index.argsort(-1))[clear].float()
+        want_by_expert = want_weights.gather(1, want_index.argsort(-1))[clear].float()
+        tol = 1e-6 if dtype == torch.float32 else 8e-3
+        torch.testing.assert_close(by_expert, want_by_expert, rtol=tol, atol=tol)
+
+
 def _engine(model, **overrides) -> LLMEngine:
     settings = dict(
         device="cuda",
@@ -76,6 +105,7 @@ def test_greedy_equals_transformers_with_the_fused_experts() -> None:
     expected = [model_zoo.hf_greedy(model, p, 40) for p in PROMPTS]
     engine = _engine(model)
     assert engine.runner.fused_experts_configs, engine.runner.fused_experts_declined
+    assert len(engine.runner.fused_routers) == model.config.num_hidden_layers
     results = engine.generate(PROMPTS, SamplingParams(max_tokens=40, temperature=0))
     assert [r.token_ids for r in results] == expected
     assert engine.scheduler.num_preemptions > 0
@@ -84,6 +114,7 @@ def test_greedy_equals_transformers_with_the_fused_experts() -> None:
     )  # fp32 MoE captured: the kernel reads no routing on the host
     # Outside a step the model is transformers' own again.
     assert engine.model.config._experts_implementation != "rollout_fused"
+    assert all("forward" not in vars(m) for m, _ in engine.runner.fused_routers)
 
 
 @pytest.mark.parametrize("compile_model", [False, True])
@@ -102,7 +133,9 @@ def test_fused_experts_agree_with_transformers_experts_in_bf16() -> None:
     model = model_zoo.tiny_model("mixtral").to("cuda", torch.bfloat16)
     params = SamplingParams(max_tokens=32, temperature=0)
     settings = dict(num_kv_blocks=200, dtype="bfloat16", cuda_graphs=False)
-    plain = _engine(model, fused_moe=False, **settings).generate(PROMPTS, params)
+    plain = _engine(model, fused_moe=False, fused_routing=False, **settings).generate(
+        PROMPTS, params
+    )
     fused = _engine(model, **settings).generate(PROMPTS, params)
     assert [r.token_ids[:2] for r in fused] == [r.token_ids[:2] for r in plain]
     same = sum(

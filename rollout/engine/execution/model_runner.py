@@ -32,6 +32,7 @@ from rollout.engine.model.compilation import compile_decoder_layers
 from rollout.engine.model.forward_context import ForwardContext, forward_context
 from rollout.engine.model.fused_experts import fused_experts_selected, select_fused_experts
 from rollout.engine.model.fused_projections import fuse_projections, route_decode_linears
+from rollout.engine.model.fused_routing import fused_routers_selected, select_fused_routers
 from rollout.engine.scheduling.step_inputs import StepInputs
 from rollout.kernels import resolve_attention_backend
 from rollout.kernels.attention_metadata import AttentionMetadata
@@ -96,6 +97,10 @@ class ModelRunner:
         self.fused_experts_declined: str | None = None  # why an MoE model keeps its own path
         if config.fused_moe and self.backend.name == "triton":
             self.fused_experts_configs, self.fused_experts_declined = select_fused_experts(model)
+        # (router, our forward for it) for the softmax routers our routing kernel computes.
+        self.fused_routers: list = []
+        if config.fused_routing and self.backend.name == "triton":
+            self.fused_routers = select_fused_routers(model)
         if config.fuse_projections:
             fuse_projections(model)  # before compiling: dynamo traces the fused forward
         if config.triton_linear and self.backend.name == "triton":  # CUDA, with triton installed
@@ -191,6 +196,7 @@ class ModelRunner:
             forward_context(context),
             paged_attention_selected(self.model),
             fused_experts_selected(self.fused_experts_configs),
+            fused_routers_selected(self.fused_routers),
         ):
             logits = self.model(
                 input_ids=input_ids[None],
