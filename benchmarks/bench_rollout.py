@@ -74,6 +74,10 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
     )
     # Warm-up: compiles kernels and captures the decode graphs of this batch size.
     engine.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True, seed=1))
+    # The run prefills its prompts in full, as a run of new prompts does: with the warm-up's
+    # blocks still cached its first step would be a one-token-a-prompt extend, a shape the
+    # warm-up did not compile (seconds of compilation timed as the first step).
+    engine.reset_prefix_cache()
     cuda = engine.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
@@ -82,6 +86,7 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
     engine.runner.timing = DeviceTiming(engine.device)
     engine.runner.host_wait_s = 0.0
     engine.scheduler.speculation = SpeculationStats()  # count the measured run only
+    engine.scheduler.num_preemptions = engine.scheduler.num_prefix_hit_tokens = 0
     for i, prompt in enumerate(prompts):
         engine.add_request(prompt, params, request_id=f"r{i}", first_index=i)
     step_ends, tokens = [], 0
@@ -163,6 +168,8 @@ def _run_result(
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "num_kv_blocks": engine.num_kv_blocks,
         "preemptions": engine.scheduler.num_preemptions,
+        # Prompt tokens whose KV the prefix cache supplied (0 unless prompts repeat in the run).
+        "prefix_hit_tokens": engine.scheduler.num_prefix_hit_tokens,
         "cuda_graphs": len(engine.runner.graphs) if engine.runner.graphs is not None else 0,
         "truncated_at_deadline": truncated,
         "setup_s": setup_s,
@@ -281,6 +288,7 @@ def run_grpo(model, workload, overlap: bool, prompts, args) -> dict:
     # capture inside the measured tail would be timed as tail).
     warmup = [min(n, workload.length_max) for n in _warmup_lengths(workload.num_samples)]
     _run_planned(engine, prompts, group, warmup, "w", args.temperature, seed=1)
+    engine.reset_prefix_cache()  # the run prefills its prompts in full (see run_engine)
     cuda = engine.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
@@ -289,6 +297,7 @@ def run_grpo(model, workload, overlap: bool, prompts, args) -> dict:
     engine.runner.timing = DeviceTiming(engine.device)
     engine.runner.host_wait_s = 0.0
     engine.scheduler.speculation = SpeculationStats()  # count the measured run only
+    engine.scheduler.num_preemptions = engine.scheduler.num_prefix_hit_tokens = 0
 
     plan = _add_planned(engine, prompts, group, lengths, "r", args.temperature, seed=0)
     scheduler, block_manager = engine.scheduler, engine.block_manager

@@ -59,6 +59,16 @@ def test_bench_rollout_grpo_smoke_ends_every_sample_at_its_planned_length(
     assert out.with_suffix(".png").exists()
 
 
+def test_bench_rollout_prefills_the_warm_up_prompts_again(tmp_path) -> None:
+    """The warm-up runs the same prompts; the measured run must not take their KV from the
+    prefix cache (its first step would be a shape the warm-up never compiled)."""
+    out = tmp_path / "grpo.json"
+    argv = ["--workload", "grpo-smoke", "--prompt-len", "40", "--modes", "overlap"]
+    _script("bench_rollout").main([*argv, "--json-out", str(out)])
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["prefix_hit_tokens"] == 0 and run["preemptions"] == 0
+
+
 def test_bench_rollout_grpo_flags_override_only_what_is_given() -> None:
     bench = _script("bench_rollout")
     parse = bench.argparse.Namespace
