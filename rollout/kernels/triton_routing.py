@@ -8,7 +8,7 @@ few KB at decode; here one program per BLOCK_T tokens does it all in registers.
 
 The experts are chosen by their logits, the larger first and the lower index first among equal
 logits: the order of the softmax's probabilities, without depending on how exp rounds (two
-logits a bf16 step apart are ~0.4% apart in probability, far above fp32's rounding). The weights
+different bf16 logits give probabilities further apart than fp32's rounding). The weights
 are the chosen experts' probabilities, divided by their sum (added in the chosen order) when
 renormalizing. `torch_moe.top_k_routing_reference`, the routers' own PyTorch code, is the twin.
 """
