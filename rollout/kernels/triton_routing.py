@@ -7,11 +7,11 @@ a layer (softmax, top-k's select and its sort, sum, divide, cast), each a few mi
 few KB at decode; here one program per BLOCK_T tokens does it all in registers.
 
 The experts are chosen by their logits, the larger first and the lower index first among equal
-logits: the order of the softmax's probabilities, without depending on how exp rounds (two
-different bf16 logits above 2^-16 in magnitude give probabilities further apart than fp32's
-rounding; nearer zero a tie in probability can hide a logit's order). The weights
-are the chosen experts' probabilities, divided by their sum (added in the chosen order) when
-renormalizing. `torch_moe.top_k_routing_reference`, the routers' own PyTorch code, is the twin.
+logits: the order of the softmax's probabilities, without depending on how exp rounds, except
+where two logits so close that their fp32 probabilities round to the same value decide the k-th
+place (there the larger logit is taken; torch.topk over the probabilities sees a tie). The
+weights are the chosen experts' probabilities, divided by their sum (added in the chosen order)
+when renormalizing. `torch_moe.top_k_routing_reference`, the routers' own PyTorch code, is the twin.
 """
 
 from __future__ import annotations
