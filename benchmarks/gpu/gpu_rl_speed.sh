@@ -3,9 +3,10 @@
 #   - grpo on the Qwen3-8B shape (per-step floor, regimes, tail, KV sharing),
 #   - where each regime's decode step goes, with the cost of a verification of 4 drafts,
 #   - speculation's cost where no draft comes (a tail-only grpo mix, off against ngram),
-#   - the Qwen3-30B-A3B shape with the fused experts against transformers' grouped_mm,
+#   - the Qwen3-30B-A3B shape with the fused experts and routing against transformers' path,
+#     at 32 and 128 requests, and its decode steps with the routing kernel on and off,
 #   - multi-turn episodes with slow tools against the same tokens in one turn.
-#   bash benchmarks/gpu/gpu_rl_speed.sh        (about 12 minutes on one H200)
+#   bash benchmarks/gpu/gpu_rl_speed.sh        (about 16 minutes on one H200)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out); ROLLOUT_COMMIT=<sha> names the commit.
 set -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -28,9 +29,17 @@ for spec in none ngram; do
   run "tail_$spec" 90 benchmarks/bench_rollout.py "${TAIL[@]}" --engine speculative=$spec \
     --json-out "$OUT_DIR/tail_$spec.json"
 done
-for fused in true false; do
+for fused in true false; do  # false: transformers' experts and routers
   run "qwen3-30b-a3b_fused_$fused" 120 benchmarks/bench_rollout.py --workload qwen3-30b-a3b \
-    --modes overlap --engine fused_moe=$fused --json-out "$OUT_DIR/qwen3-30b-a3b_fused_$fused.json"
+    --modes overlap --engine fused_moe=$fused --engine fused_routing=$fused \
+    --json-out "$OUT_DIR/qwen3-30b-a3b_fused_$fused.json"
+done
+run qwen3-30b-a3b-128 150 benchmarks/bench_rollout.py --workload qwen3-30b-a3b-128 \
+  --modes overlap --json-out "$OUT_DIR/qwen3-30b-a3b-128_fused.json"
+for routing in true false; do
+  run "decode_regimes_moe_routing_$routing" 100 benchmarks/bench_decode_regimes.py \
+    --shape qwen3-30b-a3b --points 1x1024,8x2048,32x1280,128x1280 --steps 20 \
+    --engine fused_routing=$routing --json-out "$OUT_DIR/decode_regimes_moe_routing_$routing.json"
 done
 run multi_turn 200 benchmarks/bench_multi_turn.py --shape qwen3-8b \
   --json-out "$OUT_DIR/multi_turn.json"
