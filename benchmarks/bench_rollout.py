@@ -63,8 +63,6 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
         weight_split,
     )
     from rollout import EngineConfig, LLMEngine, SamplingParams
-    from rollout.engine.execution.device_timing import DeviceTiming
-    from rollout.engine.scheduling.verification import SpeculationStats
 
     settings = _engine_settings(workload, overlap, args, max(workload.num_requests, 1))
     setup_start = time.perf_counter()
@@ -74,19 +72,9 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
     )
     # Warm-up: compiles kernels and captures the decode graphs of this batch size.
     engine.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True, seed=1))
-    # The run prefills its prompts in full, as a run of new prompts does: with the warm-up's
-    # blocks still cached its first step would be a one-token-a-prompt extend, a shape the
-    # warm-up did not compile (seconds of compilation timed as the first step).
-    engine.reset_prefix_cache()
-    cuda = engine.device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+    _ready_for_the_measured_run(engine)
     setup_s = time.perf_counter() - setup_start
-    engine.runner.timing = DeviceTiming(engine.device)
-    engine.runner.host_wait_s = 0.0
-    engine.scheduler.speculation = SpeculationStats()  # count the measured run only
-    engine.scheduler.num_preemptions = engine.scheduler.num_prefix_hit_tokens = 0
+    cuda = engine.device.type == "cuda"
     for i, prompt in enumerate(prompts):
         engine.add_request(prompt, params, request_id=f"r{i}", first_index=i)
     step_ends, tokens = [], 0
@@ -144,6 +132,26 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
     del engine
     _release_memory(cuda)
     return result
+
+
+def _ready_for_the_measured_run(engine) -> None:
+    """After the warm-up: the device idle, and every count and timer from zero. The prefix cache
+    is emptied too, so the run prefills its prompts in full as a run of new prompts does: with
+    the warm-up's blocks still cached its first step would be a one-token-a-prompt extend, a
+    shape the warm-up did not compile (seconds of compilation timed as the first step)."""
+    import torch
+
+    from rollout.engine.execution.device_timing import DeviceTiming
+    from rollout.engine.scheduling.verification import SpeculationStats
+
+    engine.reset_prefix_cache()
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    engine.runner.timing = DeviceTiming(engine.device)
+    engine.runner.host_wait_s = 0.0
+    engine.scheduler.speculation = SpeculationStats()
+    engine.scheduler.num_preemptions = engine.scheduler.num_prefix_hit_tokens = 0
 
 
 def _run_result(
@@ -276,8 +284,6 @@ def run_grpo(model, workload, overlap: bool, prompts, args) -> dict:
 
     from benchmarks.lib.roofline import engine_step_floor, running_per_step
     from rollout import EngineConfig, LLMEngine
-    from rollout.engine.execution.device_timing import DeviceTiming
-    from rollout.engine.scheduling.verification import SpeculationStats
 
     group = workload.group_size
     lengths = workload.sample_lengths()
@@ -288,16 +294,9 @@ def run_grpo(model, workload, overlap: bool, prompts, args) -> dict:
     # capture inside the measured tail would be timed as tail).
     warmup = [min(n, workload.length_max) for n in _warmup_lengths(workload.num_samples)]
     _run_planned(engine, prompts, group, warmup, "w", args.temperature, seed=1)
-    engine.reset_prefix_cache()  # the run prefills its prompts in full (see run_engine)
-    cuda = engine.device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+    _ready_for_the_measured_run(engine)
     setup_s = time.perf_counter() - setup_start
-    engine.runner.timing = DeviceTiming(engine.device)
-    engine.runner.host_wait_s = 0.0
-    engine.scheduler.speculation = SpeculationStats()  # count the measured run only
-    engine.scheduler.num_preemptions = engine.scheduler.num_prefix_hit_tokens = 0
+    cuda = engine.device.type == "cuda"
 
     plan = _add_planned(engine, prompts, group, lengths, "r", args.temperature, seed=0)
     scheduler, block_manager = engine.scheduler, engine.block_manager
