@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rollout.engine.model.fused_projections import fuse_projections
+from tests import model_zoo
 from tests.conftest import tiny_model
 
 
@@ -26,6 +27,23 @@ def test_fused_model_matches_and_keeps_names(arch: str) -> None:
     assert fused.state_dict().keys() == model.state_dict().keys()  # fused buffers not persistent
     for layer in fused.model.layers:  # prove the fused path ran: the unfused one now fails
         layer.self_attn._unfused_forward = layer.mlp._unfused_forward = _must_not_run
+    ids = torch.randint(0, model.config.vocab_size, (2, 11))
+    torch.testing.assert_close(_logits(fused, ids), _logits(model, ids), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral"])
+def test_moe_models_fuse_their_attention(model_type: str) -> None:
+    # Their MLP is the experts block (not fused here); their attention is the dense forward.
+    model = model_zoo.tiny_model(model_type)
+    if model_type == "mixtral":  # a window shorter than the prompt: it must still be applied
+        model.config.sliding_window = 5
+    fused = copy.deepcopy(model)
+    assert fuse_projections(fused) == model.config.num_hidden_layers
+    assert {n: p.shape for n, p in fused.named_parameters()} == {
+        n: p.shape for n, p in model.named_parameters()
+    }
+    for layer in fused.model.layers:
+        layer.self_attn._unfused_forward = _must_not_run
     ids = torch.randint(0, model.config.vocab_size, (2, 11))
     torch.testing.assert_close(_logits(fused, ids), _logits(model, ids), rtol=1e-5, atol=1e-5)
 

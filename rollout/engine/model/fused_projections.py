@@ -37,11 +37,16 @@ from rollout.engine.model.loader import decoder_layers
 # transformers classes whose forward is: q/k/v projections -> [q_norm/k_norm] -> rotary ->
 # attention interface -> o_proj (the Qwen3 family adds the per-head norms); with the sliding
 # window each passes to the attention function, read where its own forward reads it.
+# The MoE families' attention (Mixtral, Qwen3-MoE) is their dense sibling's forward, line for
+# line; at an MoE model's 2,048-wide hidden state the separate k and v GEMMs are launches that
+# read 2 MB each.
 _ATTENTION_CLASSES = {
     "LlamaAttention": lambda attn: None,
     "MistralAttention": lambda attn: getattr(attn.config, "sliding_window", None),
+    "MixtralAttention": lambda attn: getattr(attn.config, "sliding_window", None),
     "Qwen2Attention": lambda attn: getattr(attn, "sliding_window", None),
     "Qwen3Attention": lambda attn: getattr(attn, "sliding_window", None),
+    "Qwen3MoeAttention": lambda attn: getattr(attn, "sliding_window", None),
 }
 # ... and whose MLP is down(act(gate(x)) * up(x)).
 _MLP_CLASSES = {"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"}
