@@ -105,12 +105,10 @@ def _decode_kernel(
     lo = seq_len * 0  # first position any row sees
     if HAS_WINDOW:
         lo = tl.maximum(seq_len - QUERY_LEN - window + 1, 0)
-    # This sequence's pieces: as many as wanted, or as many SPLIT_LEN pieces as its visible
-    # context needs where that is more, evened out in whole tiles (a launch lasts as long as
-    # its longest piece: 1,280 tokens at SPLIT_LEN 1,024 are two pieces of 640, not 1,024 and
-    # 256). At most SPLIT_LEN each; the host sized the grid so the pieces always fit.
-    wanted = tl.maximum(splits_wanted, tl.cdiv(seq_len - lo, SPLIT_LEN))
-    piece = tl.cdiv(tl.cdiv(seq_len - lo, wanted), BLOCK_N) * BLOCK_N
+    # This sequence's piece length: its visible context over the pieces wanted, in whole tiles,
+    # between one tile and SPLIT_LEN. The host sized the grid so the pieces always fit.
+    piece = tl.cdiv(tl.cdiv(seq_len - lo, splits_wanted), BLOCK_N) * BLOCK_N
+    piece = tl.minimum(tl.maximum(piece, BLOCK_N), SPLIT_LEN)
     # A context past the static maximum would need more pieces than the grid has: longer ones.
     piece = tl.maximum(piece, tl.cdiv(seq_len - lo, num_splits))
     num_active = tl.cdiv(seq_len - lo, piece)

@@ -58,10 +58,9 @@ def test_decode_matches_twin(group: int, head_dim: int, dtype: torch.dtype) -> N
 
 
 def test_decode_at_a_full_batch_matches_twin() -> None:
-    """137 sequences x 2 KV heads fill the launch's target alone: one piece wanted a sequence,
-    pieces up to full_batch_split_len, evened out where a context is just past a multiple of it
-    (1,300 tokens: 768 + 532, not 1,024 + 276; 2,100: 768 + 768 + 564)."""
-    lens = DECODE_LENS * 9 + [1300, 2100]
+    """135 sequences x 2 KV heads fill the launch's target alone: one piece wanted a sequence,
+    pieces up to full_batch_split_len."""
+    lens = DECODE_LENS * 9
     tiles = _triton().DECODE_TILES
     assert tiles.longest_piece(tiles.splits_per_sequence(len(lens), 2)) > tiles.split_len
     case = make_case(lens, [1] * len(lens), 2, 4, 128, 16, torch.bfloat16, "cuda", seed=11)
