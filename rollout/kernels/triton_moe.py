@@ -13,17 +13,12 @@ torch.sort. Then two grouped launches over a grid of (expert, output-column bloc
    multiplies every pair of that expert by them (BLOCK_M pairs at a time), then stores
    SiLU(gate) * up for those pairs, in expert order.
 2. down: the same over the down projection, scaling each pair's row by its routing weight, and
-   storing it at the pair's own place.
-
-Each token's k rows are summed outside the custom op (`fused_experts`), in code that
-torch.compile sees: inside a compiled decoder layer the sum joins the residual add that follows
-it in one kernel, where a sum of its own was one more launch a layer.
+   storing it at the pair's own place; each token's k rows are then summed.
 
 Experts that no pair picked exit at once, so their weights are never read. Parameters stay the
 transformers model's own 3-D tensors (`gate_up_proj` [E, 2I, H], `down_proj` [E, H, I]), so weight
-sync and the trainer see the same names. The launches run as the custom op
-`rollout::expert_pair_outputs`, opaque to torch.compile; `torch_moe.fused_experts_reference` is
-the twin of `fused_experts`.
+sync and the trainer see the same names. It runs as the custom op `rollout::fused_experts`, opaque
+to torch.compile; `torch_moe.fused_experts_reference` is its twin.
 """
 
 from __future__ import annotations
@@ -189,6 +184,7 @@ def tiles(num_pairs: int, num_experts: int, dtype: torch.dtype) -> dict:
     return dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=block_k, num_warps=4, num_stages=3)
 
 
+@torch.library.custom_op("rollout::fused_experts", mutates_args=())
 def fused_experts(
     hidden_states: torch.Tensor,
     top_k_index: torch.Tensor,
@@ -197,28 +193,13 @@ def fused_experts(
     down_proj: torch.Tensor,
 ) -> torch.Tensor:
     """The experts' output [T, H] for hidden_states [T, H] routed by top_k_index/weights [T, k]."""
-    pairs = torch.ops.rollout.expert_pair_outputs(
-        hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj
-    )
-    return pairs.sum(dim=1)
-
-
-@torch.library.custom_op("rollout::expert_pair_outputs", mutates_args=())
-def expert_pair_outputs(
-    hidden_states: torch.Tensor,
-    top_k_index: torch.Tensor,
-    top_k_weights: torch.Tensor,
-    gate_up_proj: torch.Tensor,
-    down_proj: torch.Tensor,
-) -> torch.Tensor:
-    """Each token's k expert outputs, scaled by their routing weights: [T, k, H]."""
     num_tokens, hidden = hidden_states.shape
     top_k = top_k_index.shape[-1]
     num_experts, two_i, _ = gate_up_proj.shape
     inter = two_i // 2
     num_pairs = num_tokens * top_k
     if num_pairs == 0:
-        return hidden_states.new_zeros(num_tokens, top_k, hidden)
+        return hidden_states.new_zeros(num_tokens, hidden)
     out = hidden_states.new_empty(num_tokens, top_k, hidden)  # the down launch writes every pair
     x = hidden_states.contiguous()
     gate_up = gate_up_proj if gate_up_proj.stride(-1) == 1 else gate_up_proj.contiguous()
@@ -240,10 +221,9 @@ def expert_pair_outputs(
         hidden, inter, act.stride(0), down.stride(0), down.stride(1), pair_out.stride(0),
         IEEE=ieee, **settings,
     )  # fmt: skip
-    return out
+    return out.sum(dim=1)
 
 
-@expert_pair_outputs.register_fake
+@fused_experts.register_fake
 def _(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj) -> torch.Tensor:
-    num_tokens, hidden = hidden_states.shape
-    return hidden_states.new_empty(num_tokens, top_k_index.shape[-1], hidden)
+    return hidden_states.new_empty(hidden_states.shape)
