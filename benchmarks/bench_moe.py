@@ -4,6 +4,7 @@ each both ways.
 
     python benchmarks/bench_moe.py                        # Qwen3-30B-A3B's experts, 1..512 tokens
     python benchmarks/bench_moe.py --tokens 32 --sweep    # also try the kernel's tile choices
+    python benchmarks/bench_moe.py --tokens 8192 --sweep  # ... at a prefill chunk's size
 
 A decode step's experts read the weights of the experts its tokens picked, so the floor is those
 bytes over the copy bandwidth. The routing is drawn uniformly at random per token (random-weight
@@ -26,8 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_gemm import time_in_graph  # noqa: E402
 from benchmarks.lib.roofline import H200_COPY_BANDWIDTH  # noqa: E402
 
-SWEEP = list(itertools.product((16, 32, 64), (32, 64, 128), (64, 128), (2, 3, 4)))
-# BLOCK_M (minimum), BLOCK_N, BLOCK_K, stages
+# Tile choices tried by --sweep: (BLOCK_M minimum, BLOCK_N, BLOCK_K, stages, warps). Decode
+# sizes read the weights (narrow tiles, more programs); from PREFILL_TOKENS on the experts are
+# compute-bound, where larger tiles and more warps are the candidates.
+DECODE_SWEEP = list(itertools.product((16, 32, 64), (32, 64, 128), (64, 128), (2, 3, 4), (4,)))
+PREFILL_SWEEP = list(itertools.product((64, 128), (64, 128), (64,), (3, 4), (4, 8)))
+PREFILL_TOKENS = 512
 
 
 def measure(tokens: int, args, sweep: bool) -> dict:
@@ -115,12 +120,15 @@ def measure(tokens: int, args, sweep: bool) -> dict:
     if sweep:
         default_tiles = triton_moe.tiles
         best = None
-        for block_m, block_n, block_k, stages in SWEEP:
+        tried = []
+        choices = PREFILL_SWEEP if tokens >= PREFILL_TOKENS else DECODE_SWEEP
+        for block_m, block_n, block_k, stages, warps in choices:
 
-            def tiles(num_pairs, num_experts, dtype, m=block_m, n=block_n, k=block_k, s=stages):
+            def tiles(num_pairs, num_experts, dtype, m=block_m, n=block_n, k=block_k, s=stages,
+                      w=warps):  # fmt: skip
                 chosen = default_tiles(num_pairs, num_experts, dtype)
                 chosen.update(BLOCK_M=max(m, chosen["BLOCK_M"]), BLOCK_N=n, BLOCK_K=k)
-                chosen.update(num_stages=s)
+                chosen.update(num_stages=s, num_warps=w)
                 return chosen
 
             triton_moe.tiles = tiles
@@ -132,9 +140,13 @@ def measure(tokens: int, args, sweep: bool) -> dict:
                 continue
             finally:
                 triton_moe.tiles = default_tiles
+            choice = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, stages=stages,
+                          warps=warps)  # fmt: skip
+            tried.append({**choice, "ms": ms})
             if best is None or ms < best[0]:
-                best = (ms, dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, stages=stages))
+                best = (ms, choice)
         row["sweep_best_ms"], row["sweep_best_tiles"] = best
+        row["sweep"] = sorted(tried, key=lambda t: t["ms"])
     return row
 
 
