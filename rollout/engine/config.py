@@ -46,7 +46,8 @@ class EngineConfig:
     torch.compile (CUDA only; our attention stays outside the compiled code). Adds startup time."""
     fuse_projections: bool = True
     """Run q/k/v and gate/up as one GEMM each (parameter names kept, as views of the fused
-    weight) for the Llama, Mistral and Qwen2/3 families; other models run unchanged."""
+    weight) for the Llama, Mistral and Qwen2/3 families, and q/k/v for Mixtral and Qwen3-MoE;
+    other models run unchanged."""
     triton_linear: bool = True
     """On CUDA (bf16/fp16), run the output, down and LM-head projections with our Triton GEMM
     when a step has at most 64 rows (decode); cuBLAS otherwise. Faster than cuBLAS for those
