@@ -4,6 +4,7 @@ mismatch."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -13,6 +14,7 @@ from rollout.kernels import torch_moe, triton_linear, triton_moe, triton_routing
 from rollout.kernels import torch_paged_attention as twin
 from rollout.kernels import triton_paged_attention as kernels
 from tests.kernel_cases import make_case
+from tests.triton_launches import record_launches
 
 # triton 3.6's interpreter turns its 1-element scalar arrays into Python ints with int(array),
 # which numpy >= 2.3 refuses for 1-d arrays; index through the single element instead.
@@ -25,6 +27,9 @@ def _patched(tensor, scope):
 
 
 interpreter._patch_lang_tensor = _patched
+
+if os.environ.get("ROLLOUT_TRITON_LAUNCHES"):  # noted for tests/triton_launches.py to compile
+    record_launches(os.environ["ROLLOUT_TRITON_LAUNCHES"])
 
 
 def _reference(case, **variant):

@@ -1,0 +1,144 @@
+"""The Triton launches a run makes, recorded under the interpreter and compiled for a GPU.
+
+Triton's interpreter runs a kernel's logic as NumPy, so it cannot see what only the compiler
+checks: a variable whose type changes across a loop, a shape that does not broadcast in the
+compiled IR, an op the GPU backend lacks. `record_launches` notes each launch the interpreter
+makes (the kernel, its arguments' types, its compile-time constants and launch options);
+`python -m tests.triton_launches FILE` then compiles every distinct one for an H200 (sm_90)
+ahead of time, on CPU, through Triton's own front end and layout passes.
+tests/unit/test_triton_interpreter.py runs both.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+from pathlib import Path
+
+# Launch options the kernels pass beside their arguments.
+_OPTIONS = ("num_warps", "num_stages", "num_ctas")
+# torch dtype -> Triton's pointer element name.
+_POINTEE = {
+    "torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16",
+    "torch.int64": "i64", "torch.int32": "i32", "torch.int16": "i16", "torch.int8": "i8",
+    "torch.uint8": "u8", "torch.bool": "i1",
+}  # fmt: skip
+
+
+def record_launches(path: str) -> None:
+    """From now on, note every interpreted launch; written to `path` at exit."""
+    import atexit
+
+    import torch
+    import triton.runtime.interpreter as interpreter
+
+    seen: dict[str, dict] = {}
+    run = interpreter.InterpretedFunction.run
+
+    def noting_run(self, *args, grid, warmup, **kwargs):
+        names = list(inspect.signature(self.fn).parameters)
+        bound = dict(zip(names, args, strict=False))  # the rest come as keywords
+        options = {k: v for k, v in kwargs.items() if k in _OPTIONS}
+        bound.update({k: v for k, v in kwargs.items() if k not in _OPTIONS})
+        values = {}
+        for name, param in inspect.signature(self.fn).parameters.items():
+            value = bound.get(name, param.default)
+            if isinstance(value, torch.Tensor):
+                values[name] = {"pointer": _POINTEE[str(value.dtype)]}
+            elif value is None or _is_constexpr(param):
+                values[name] = {"value": value}
+            else:  # a runtime scalar: only its type reaches the compiled code
+                values[name] = {"scalar": _scalar_type(value)}
+        launch = {
+            "module": self.fn.__module__, "kernel": self.fn.__name__,
+            "args": values, "options": options,
+        }  # fmt: skip
+        seen.setdefault(json.dumps(launch, sort_keys=True), launch)
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    interpreter.InterpretedFunction.run = noting_run
+    atexit.register(lambda: Path(path).write_text(json.dumps(list(seen.values()), indent=1)))
+
+
+def compile_launches(launches: list[dict]) -> list[str]:
+    """Compile each launch for sm_90 through Triton's front end and its GPU-layout passes
+    (TTIR, then TTGIR: where a type or shape the interpreter let through is refused); the LLVM
+    and PTX stages after them, seconds a kernel on CPU, are left to the GPU tests. Returns one
+    line per failure (empty: all compiled)."""
+    import importlib
+
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
+
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    failures = []
+    for launch in launches:
+        kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
+        signature, constants = {}, {}
+        for index, param in enumerate(kernel.params):
+            recorded = launch["args"][param.name]
+            if param.is_constexpr:
+                signature[param.name] = "constexpr"
+                constants[(index,)] = recorded.get("value")
+            elif "pointer" in recorded:
+                signature[param.name] = "*" + recorded["pointer"]
+            elif "scalar" in recorded:
+                signature[param.name] = recorded["scalar"]
+            else:  # None: Triton makes the argument a constant
+                signature[param.name] = "constexpr"
+                constants[(index,)] = recorded["value"]
+        source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
+        try:
+            options = backend.parse_options(dict(launch["options"], **source.parse_options()))
+            stages: dict = {}
+            backend.add_stages(stages, options, source.language)
+            context = ir.context()
+            ir.load_dialects(context)
+            backend.load_dialects(context)
+            module = source.make_ir(
+                target, options, backend.get_codegen_implementation(options),
+                backend.get_module_map(), context,
+            )  # fmt: skip
+            metadata = {"hash": launch["kernel"], "target": target, **options.__dict__}
+            for stage in ("ttir", "ttgir"):
+                module = stages[stage](module, metadata)
+        except Exception as err:  # noqa: BLE001 - reported with the launch that failed
+            shown = {kernel.params[i].name: v for (i,), v in constants.items()}
+            failures.append(
+                f"{launch['module']}.{launch['kernel']} {shown}: "
+                f"{type(err).__name__}: {str(err)[-600:]}"
+            )
+    return failures
+
+
+def _is_constexpr(param: inspect.Parameter) -> bool:
+    # The kernels' modules use postponed annotations: the annotation is the text "tl.constexpr".
+    annotation = param.annotation
+    return annotation in ("tl.constexpr", "triton.language.constexpr", "constexpr") or (
+        getattr(annotation, "__name__", "") == "constexpr"
+    )
+
+
+def _scalar_type(value) -> str:
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"a kernel argument of type {type(value).__name__} ({value!r})")
+
+
+if __name__ == "__main__":
+    recorded = json.loads(Path(sys.argv[1]).read_text())
+    problems = compile_launches(recorded)
+    print(
+        f"compiled {len(recorded) - len(problems)} of {len(recorded)} distinct launches for sm_90"
+    )
+    for line in problems:
+        print(line)
+    sys.exit(1 if problems or not recorded else 0)
