@@ -37,12 +37,12 @@ def record_launches(path: str) -> None:
     run = interpreter.InterpretedFunction.run
 
     def noting_run(self, *args, grid, warmup, **kwargs):
-        names = list(inspect.signature(self.fn).parameters)
-        bound = dict(zip(names, args, strict=False))  # the rest come as keywords
+        params = inspect.signature(self.fn).parameters
+        bound = dict(zip(params, args, strict=False))  # the rest come as keywords
         options = {k: v for k, v in kwargs.items() if k in _OPTIONS}
         bound.update({k: v for k, v in kwargs.items() if k not in _OPTIONS})
         values = {}
-        for name, param in inspect.signature(self.fn).parameters.items():
+        for name, param in params.items():
             value = bound.get(name, param.default)
             if isinstance(value, torch.Tensor):
                 values[name] = {"pointer": _POINTEE[str(value.dtype)]}
