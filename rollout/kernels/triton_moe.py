@@ -175,10 +175,19 @@ def supported(hidden_states: torch.Tensor, gate_up_proj: torch.Tensor) -> bool:
     )
 
 
+# From this many pairs an expert on average (an 8,192-token prefill chunk at 128 experts, top-8)
+# the experts are compute-bound, and larger tiles with more warps win (docs/performance.md,
+# 'MoE experts'); fp32 (tests) keeps the smaller tiles, whose shared memory it fits.
+PREFILL_PAIRS_PER_EXPERT = 512
+
+
 def tiles(num_pairs: int, num_experts: int, dtype: torch.dtype) -> dict:
     """Launch settings: BLOCK_M follows the pairs an expert gets on average (16 at decode, up to
-    64 for prefill chunks, where each expert has hundreds); fp32 (tests) takes smaller K tiles."""
+    64 for prefill chunks, where each expert has hundreds; 128 x 128 tiles from
+    PREFILL_PAIRS_PER_EXPERT on); fp32 (tests) takes smaller K tiles."""
     per_expert = max(1, num_pairs // max(1, num_experts))
+    if per_expert >= PREFILL_PAIRS_PER_EXPERT and dtype != torch.float32:
+        return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4)
     block_m = min(64, max(16, triton.next_power_of_2(per_expert)))
     block_k = 32 if dtype == torch.float32 else 64
     return dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=block_k, num_warps=4, num_stages=3)

@@ -19,10 +19,11 @@ PROMPTS = random_prompts((1, 5, 16, 17, 33, 50, 64, 9, 2), seed=21)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("tokens", [1, 32, 128, 2000])
+@pytest.mark.parametrize("tokens", [1, 32, 128, 2000, 8192])
 def test_kernel_equals_twin(tokens: int, dtype: torch.dtype) -> None:
-    """Decode batches (a few pairs per expert, many experts unpicked) and a prefill chunk
-    (hundreds per expert), at a Qwen3-30B-A3B-like width scaled down."""
+    """Decode batches (a few pairs per expert, many experts unpicked) and prefill chunks
+    (hundreds per expert; 8,192 tokens take the prefill tiles in bf16), at a Qwen3-30B-A3B-like
+    width scaled down."""
     from rollout.kernels.triton_moe import fused_experts
 
     g = torch.Generator(device="cuda").manual_seed(tokens)
