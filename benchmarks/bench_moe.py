@@ -5,6 +5,7 @@ each both ways.
     python benchmarks/bench_moe.py                        # Qwen3-30B-A3B's experts, 1..512 tokens
     python benchmarks/bench_moe.py --tokens 32 --sweep    # also try the kernel's tile choices
     python benchmarks/bench_moe.py --tokens 8192 --sweep  # ... at a prefill chunk's size
+    python benchmarks/bench_moe.py --tokens 1,2,4 --sweep # ... at a handful of sequences
 
 A decode step's experts read the weights of the experts its tokens picked, so the floor is those
 bytes over the copy bandwidth. The routing is drawn uniformly at random per token (random-weight
@@ -28,10 +29,14 @@ from benchmarks.bench_gemm import time_in_graph  # noqa: E402
 from benchmarks.lib.roofline import H200_COPY_BANDWIDTH  # noqa: E402
 
 # Tile choices tried by --sweep: (BLOCK_M minimum, BLOCK_N, BLOCK_K, stages, warps). Decode
-# sizes read the weights (narrow tiles, more programs); from PREFILL_TOKENS on the experts are
-# compute-bound, where larger tiles and more warps are the candidates.
+# sizes read the weights (narrow tiles, more programs); below TAIL_TOKENS a step touches only a
+# few experts, whose column blocks alone would not fill the GPU, so narrower blocks and longer
+# K steps are the candidates; from PREFILL_TOKENS on the experts are compute-bound, where larger
+# tiles and more warps are.
 DECODE_SWEEP = list(itertools.product((16, 32, 64), (32, 64, 128), (64, 128), (2, 3, 4), (4,)))
+TAIL_SWEEP = list(itertools.product((16,), (16, 32, 64), (64, 128, 256), (3, 4, 6), (4,)))
 PREFILL_SWEEP = list(itertools.product((64, 128), (64, 128), (64,), (3, 4), (4, 8)))
+TAIL_TOKENS = 8
 PREFILL_TOKENS = 512
 
 
@@ -121,7 +126,10 @@ def measure(tokens: int, args, sweep: bool) -> dict:
         default_tiles = triton_moe.tiles
         best = None
         tried = []
-        choices = PREFILL_SWEEP if tokens >= PREFILL_TOKENS else DECODE_SWEEP
+        if tokens >= PREFILL_TOKENS:
+            choices = PREFILL_SWEEP
+        else:
+            choices = TAIL_SWEEP if tokens < TAIL_TOKENS else DECODE_SWEEP
         for block_m, block_n, block_k, stages, warps in choices:
 
             def tiles(num_pairs, num_experts, dtype, m=block_m, n=block_n, k=block_k, s=stages,
