@@ -120,7 +120,13 @@ def measure(tokens: int, args, sweep: bool) -> dict:
         "sort_ms": sort_ms,
         "routing_ms": routing_ms,
         "counting_sort_used": tokens * args.top_k <= triton_moe.COUNTING_SORT_MAX_PAIRS,
-        "tiles": triton_moe.tiles(tokens * args.top_k, args.experts, torch.bfloat16),
+        "tiles": triton_moe.tiles(
+            tokens * args.top_k,
+            args.experts,
+            torch.bfloat16,
+            args.intermediate,
+            triton_moe.sm_count(x.device),
+        ),
     }
     if sweep:
         default_tiles = triton_moe.tiles
@@ -132,8 +138,8 @@ def measure(tokens: int, args, sweep: bool) -> dict:
             choices = TAIL_SWEEP if tokens < TAIL_TOKENS else DECODE_SWEEP
         for block_m, block_n, block_k, stages, warps in choices:
 
-            def tiles(num_pairs, num_experts, dtype, m=block_m, n=block_n, k=block_k, s=stages,
-                      w=warps):  # fmt: skip
+            def tiles(num_pairs, num_experts, dtype, inter=0, sm_count=0, m=block_m, n=block_n,
+                      k=block_k, s=stages, w=warps):  # fmt: skip
                 chosen = default_tiles(num_pairs, num_experts, dtype)
                 chosen.update(BLOCK_M=max(m, chosen["BLOCK_M"]), BLOCK_N=n, BLOCK_K=k)
                 chosen.update(num_stages=s, num_warps=w)

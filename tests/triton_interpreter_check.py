@@ -206,22 +206,24 @@ def check_fused_experts() -> float:
         got = triton_moe.fused_experts(x, index, weights, gate_up, down)
         want = torch_moe.fused_experts_reference(x, index, weights, gate_up, down)
         worst = max(worst, _error(got, want))
-    # The prefill tiles (128 x 128, their bf16 choice forced here in fp32): ragged sizes, an
-    # expert with more pairs than one block of rows (240) and one with fewer (60).
+    # The prefill and the tail tiles (their bf16 / one-wave choices forced here in fp32): ragged
+    # sizes, an expert with more pairs than one block of rows (240) and one with fewer (60).
     tokens, experts, top_k, hidden, inter = 300, 2, 1, 136, 72
     x = torch.randn(tokens, hidden, generator=g)
     index = (torch.arange(tokens) % 5 == 0).long()[:, None]
     weights = torch.rand(tokens, top_k, generator=g)
     gate_up = torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5
     down = torch.randn(experts, hidden, inter, generator=g) / inter**0.5
-    default_tiles = triton_moe.tiles
-    triton_moe.tiles = lambda pairs, num_experts, dtype: default_tiles(10**6, 1, torch.bfloat16)
-    try:
-        got = triton_moe.fused_experts(x, index, weights, gate_up, down)
-    finally:
-        triton_moe.tiles = default_tiles
     want = torch_moe.fused_experts_reference(x, index, weights, gate_up, down)
-    return max(worst, _error(got, want))
+    default_tiles = triton_moe.tiles
+    for forced in (triton_moe.PREFILL_TILES, triton_moe.TAIL_TILES):
+        triton_moe.tiles = lambda *args, forced=forced: dict(forced)
+        try:
+            got = triton_moe.fused_experts(x, index, weights, gate_up, down)
+        finally:
+            triton_moe.tiles = default_tiles
+        worst = max(worst, _error(got, want))
+    return worst
 
 
 def check_counting_sort() -> float:

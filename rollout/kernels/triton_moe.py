@@ -23,6 +23,8 @@ to torch.compile; `torch_moe.fused_experts_reference` is its twin.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -179,18 +181,41 @@ def supported(hidden_states: torch.Tensor, gate_up_proj: torch.Tensor) -> bool:
 # the experts are compute-bound, and larger tiles with more warps win (docs/performance.md,
 # 'MoE experts'); fp32 (tests) keeps the smaller tiles, whose shared memory it fits.
 PREFILL_PAIRS_PER_EXPERT = 512
+PREFILL_TILES = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4)
+# A step of one or two sequences touches so few experts that their 64-wide column blocks are
+# fewer programs than the GPU has SMs; narrower blocks with longer K steps and a deeper pipeline
+# keep more of the weights in flight (one token at Qwen3-30B-A3B's experts: 48 -> 36 us a layer).
+TAIL_TILES = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=4)
+DECODE_BLOCK_N = 64
 
 
-def tiles(num_pairs: int, num_experts: int, dtype: torch.dtype) -> dict:
-    """Launch settings: BLOCK_M follows the pairs an expert gets on average (16 at decode, up to
-    64 for prefill chunks, where each expert has hundreds; 128 x 128 tiles from
+def tiles(
+    num_pairs: int, num_experts: int, dtype: torch.dtype, inter: int = 0, sm_count: int = 0
+) -> dict:
+    """Launch settings: the tail tiles while the pairs' column blocks would not fill the
+    `sm_count` SMs once; else BLOCK_M follows the pairs an expert gets on average (16 at decode,
+    up to 64 for prefill chunks, where each expert has hundreds; 128 x 128 tiles from
     PREFILL_PAIRS_PER_EXPERT on); fp32 (tests) takes smaller K tiles."""
+    if num_pairs * triton.cdiv(inter, DECODE_BLOCK_N) < sm_count:
+        return dict(TAIL_TILES)
     per_expert = max(1, num_pairs // max(1, num_experts))
     if per_expert >= PREFILL_PAIRS_PER_EXPERT and dtype != torch.float32:
-        return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4)
+        return dict(PREFILL_TILES)
     block_m = min(64, max(16, triton.next_power_of_2(per_expert)))
     block_k = 32 if dtype == torch.float32 else 64
-    return dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=block_k, num_warps=4, num_stages=3)
+    return dict(BLOCK_M=block_m, BLOCK_N=DECODE_BLOCK_N, BLOCK_K=block_k, num_warps=4, num_stages=3)
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """The device's SMs; 0 off CUDA (the interpreter), where the tail tiles are not chosen."""
+    if device.type != "cuda":
+        return 0
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @torch.library.custom_op("rollout::fused_experts", mutates_args=())
@@ -216,7 +241,7 @@ def fused_experts(
     order, counts, starts = sort_pairs_by_expert(top_k_index, num_experts)
     weights = top_k_weights.reshape(-1).contiguous()
     act = hidden_states.new_empty(num_pairs, inter)
-    settings = tiles(num_pairs, num_experts, hidden_states.dtype)
+    settings = tiles(num_pairs, num_experts, hidden_states.dtype, inter, sm_count(x.device))
     ieee = hidden_states.dtype == torch.float32
     block_n = settings["BLOCK_N"]
     _gate_up_kernel[(num_experts, triton.cdiv(inter, block_n))](

@@ -79,3 +79,19 @@ def test_sort_by_expert_groups_pairs_and_counts_unpicked_experts() -> None:
     flat = index.reshape(-1)
     assert flat[order.long()].tolist() == [0, 0, 2, 2, 2, 3]
     assert order.tolist() == [1, 4, 0, 2, 5, 3]  # stable: pairs of one expert in token order
+
+
+def test_tile_choice_follows_programs_and_pairs_per_expert() -> None:
+    """The tail tiles only while the pairs' 64-wide column blocks would not fill the SMs once
+    (never off CUDA, where the SM count is 0), the prefill tiles from 512 pairs an expert in
+    16-bit, and the decode tiles between."""
+    from rollout.kernels import triton_moe
+
+    bf16 = torch.bfloat16
+    # Qwen3-30B-A3B's experts (768 wide: 12 column blocks) on 132 SMs.
+    assert triton_moe.tiles(8, 128, bf16, 768, 132) == triton_moe.TAIL_TILES  # 96 programs
+    assert triton_moe.tiles(16, 128, bf16, 768, 132)["BLOCK_N"] == 64  # 192 programs
+    assert triton_moe.tiles(8, 128, bf16, 768, 0)["BLOCK_N"] == 64  # the interpreter
+    assert triton_moe.tiles(8192 * 8, 128, bf16, 768, 132) == triton_moe.PREFILL_TILES
+    assert triton_moe.tiles(8192 * 8, 128, torch.float32, 768, 132)["BLOCK_M"] == 64
+    assert triton_moe.tiles(256, 128, bf16, 768, 132)["BLOCK_M"] == 16
