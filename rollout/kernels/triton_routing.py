@@ -22,6 +22,17 @@ import triton.language as tl
 
 
 @triton.jit
+def _take_largest(remaining, experts, probs, EXPERTS_PAD: tl.constexpr):
+    """Each token's largest remaining logit (the lower expert among equal ones): its expert, its
+    probability, and the remaining logits with it taken out."""
+    best = tl.max(remaining, axis=1)
+    pick = tl.min(tl.where(remaining == best[:, None], experts[None, :], EXPERTS_PAD), 1)
+    chosen = experts[None, :] == pick[:, None]
+    prob = tl.sum(tl.where(chosen, probs, 0.0), axis=1)
+    return pick, prob, tl.where(chosen, float("-inf"), remaining)
+
+
+@triton.jit
 def _top_k_routing_kernel(
     logits_ptr, weights_ptr, index_ptr, num_tokens, num_experts, stride_lt,
     TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -39,27 +50,20 @@ def _top_k_routing_kernel(
     # Padded experts and padded tokens' columns are never chosen: -inf is below every logit.
     candidates = tl.where(experts[None, :] < num_experts, logits, float("-inf"))
     total = tl.zeros([BLOCK_T], tl.float32)
-    if RENORMALIZE:
+    if RENORMALIZE:  # a first pass for the sum of the chosen probabilities, in the chosen order
         remaining = candidates
         for _ in tl.static_range(TOP_K):
-            best = tl.max(remaining, axis=1)
-            pick = tl.min(tl.where(remaining == best[:, None], experts[None, :], EXPERTS_PAD), 1)
-            chosen = experts[None, :] == pick[:, None]
-            total += tl.sum(tl.where(chosen, probs, 0.0), axis=1)
-            remaining = tl.where(chosen, float("-inf"), remaining)
+            _pick, prob, remaining = _take_largest(remaining, experts, probs, EXPERTS_PAD)
+            total += prob
     token_ok = tokens < num_tokens
     remaining = candidates
     for j in tl.static_range(TOP_K):
-        best = tl.max(remaining, axis=1)
-        pick = tl.min(tl.where(remaining == best[:, None], experts[None, :], EXPERTS_PAD), 1)
-        chosen = experts[None, :] == pick[:, None]
-        weight = tl.sum(tl.where(chosen, probs, 0.0), axis=1)
+        pick, weight, remaining = _take_largest(remaining, experts, probs, EXPERTS_PAD)
         if RENORMALIZE:
             weight = weight / total
         out = tokens.to(tl.int64) * TOP_K + j
         tl.store(index_ptr + out, pick.to(tl.int64), mask=token_ok)
         tl.store(weights_ptr + out, weight.to(weights_ptr.dtype.element_ty), mask=token_ok)
-        remaining = tl.where(chosen, float("-inf"), remaining)
 
 
 def supported(router_logits: torch.Tensor, top_k: int) -> bool:
