@@ -182,9 +182,9 @@ def supported(hidden_states: torch.Tensor, gate_up_proj: torch.Tensor) -> bool:
 # 'MoE experts'); fp32 (tests) keeps the smaller tiles, whose shared memory it fits.
 PREFILL_PAIRS_PER_EXPERT = 512
 PREFILL_TILES = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4)
-# A step of one or two sequences touches so few experts that their 64-wide column blocks are
-# fewer programs than the GPU has SMs; narrower blocks with longer K steps and a deeper pipeline
-# keep more of the weights in flight (one token at Qwen3-30B-A3B's experts: 48 -> 36 us a layer).
+# A single sequence's step (Qwen3-30B-A3B: 8 of 128 experts) touches so few experts that their
+# 64-wide column blocks are fewer programs than the GPU has SMs; narrower blocks with longer K
+# steps and a deeper pipeline keep more of the weights in flight (48 -> 36 us a layer there).
 TAIL_TILES = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=4)
 DECODE_BLOCK_N = 64
 
@@ -207,15 +207,13 @@ def tiles(
 
 
 @functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def sm_count(device: torch.device) -> int:
     """The device's SMs; 0 off CUDA (the interpreter), where the tail tiles are not chosen."""
-    if device.type != "cuda":
-        return 0
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return (
+        torch.cuda.get_device_properties(device).multi_processor_count
+        if device.type == "cuda"
+        else 0
+    )
 
 
 @torch.library.custom_op("rollout::fused_experts", mutates_args=())
