@@ -207,13 +207,15 @@ def tiles(
 
 
 @functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def sm_count(device: torch.device) -> int:
     """The device's SMs; 0 off CUDA (the interpreter), where the tail tiles are not chosen."""
-    return (
-        torch.cuda.get_device_properties(device).multi_processor_count
-        if device.type == "cuda"
-        else 0
-    )
+    if device.type != "cuda":
+        return 0
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @torch.library.custom_op("rollout::fused_experts", mutates_args=())
