@@ -18,17 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollout.actors.messages import CompletedGroup, FinishedSample, GroupRequest
+from rollout.actors.pool_weights import ActorsLostDuringSync, ActorWeightSync
 from rollout.actors.worker import RolloutWorker
 from rollout.engine.config import EngineConfig
 from rollout.engine.model.loader import TORCH_DTYPES
 from rollout.engine.sampling_params import SamplingParams
 from rollout.environments.base import EpisodeLimits
-from rollout.weight_sync import (
-    DEFAULT_BUCKET_BYTES,
-    ActorsLostDuringSync,
-    ActorWeightSync,
-    manifest_for,
-)
+from rollout.weight_sync.manifest import DEFAULT_BUCKET_BYTES, manifest_for
 
 
 @dataclass

@@ -6,7 +6,6 @@ transfer.py   send_weights (trainer) and receive_weights (engine), over a transp
 base.py       the transport interface
 broadcast.py  gloo / NCCL: one broadcast per bucket
 cuda_ipc.py   trainer and engine on one GPU: the engine maps the trainer's staging buffer
-pool_side.py  the pool's side: one group of the trainer and every live actor
 """
 
 from rollout.weight_sync.group import BACKENDS, WeightGroup, free_port
@@ -16,14 +15,11 @@ from rollout.weight_sync.manifest import (
     check_manifest,
     manifest_for,
 )
-from rollout.weight_sync.pool_side import ActorsLostDuringSync, ActorWeightSync
 from rollout.weight_sync.transfer import TornWeightsError, receive_weights, send_weights
 
 __all__ = [
     "BACKENDS",
     "DEFAULT_BUCKET_BYTES",
-    "ActorWeightSync",
-    "ActorsLostDuringSync",
     "TornWeightsError",
     "WeightGroup",
     "WeightManifest",

@@ -12,7 +12,8 @@ from collections.abc import Iterable
 
 import torch
 
-from rollout.weight_sync import broadcast, cuda_ipc
+import rollout.weight_sync.broadcast as broadcast
+import rollout.weight_sync.cuda_ipc as cuda_ipc
 from rollout.weight_sync.base import WeightTransport
 from rollout.weight_sync.group import WeightGroup
 from rollout.weight_sync.manifest import WeightManifest

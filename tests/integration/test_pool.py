@@ -240,8 +240,8 @@ def test_an_actor_that_dies_during_a_sync_is_dropped_and_the_sync_completes(
     """Death after the name/shape check, as the buckets start to move: the survivor's weights are
     torn by the broken transfer, so the pool syncs it again over a group without the dead actor;
     nothing is lost and nothing is generated with torn weights."""
+    from rollout.actors import pool_weights
     from rollout.actors.pool import RolloutPool
-    from rollout.weight_sync import pool_side
 
     trainer = tiny_model("llama", seed=99)
     pool = RolloutPool(_config(model_dir), num_actors=2)
@@ -249,7 +249,7 @@ def test_an_actor_that_dies_during_a_sync_is_dropped_and_the_sync_completes(
         pool.sync_weights(tiny_model("llama", seed=4).named_parameters(), version=1)  # the group
         prompts = random_prompts((5, 7, 6, 4), seed=14)
         ids = {pool.submit(p, SamplingParams(max_tokens=40, n=2, ignore_eos=True)) for p in prompts}
-        real_send, world_sizes = pool_side.send_weights, []
+        real_send, world_sizes = pool_weights.send_weights, []
 
         def send_as_an_actor_dies(group, *args):
             if not world_sizes:
@@ -258,7 +258,7 @@ def test_an_actor_that_dies_during_a_sync_is_dropped_and_the_sync_completes(
             world_sizes.append(group.world_size)
             return real_send(group, *args)
 
-        monkeypatch.setattr(pool_side, "send_weights", send_as_an_actor_dies)
+        monkeypatch.setattr(pool_weights, "send_weights", send_as_an_actor_dies)
         result = pool.sync_weights(trainer.named_parameters(), version=2)
         assert result["version"] == 2 and 1 in pool.dead
         assert world_sizes == [3, 2]  # the broken transfer, then the survivor's own group

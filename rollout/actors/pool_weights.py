@@ -1,5 +1,8 @@
-"""The pool's side of weight sync: one process group of the trainer (rank 0) and every live
-actor, built on the first sync and again whenever the members or the backend change."""
+"""The pool's side of a weight sync: one process group of the trainer (rank 0) and every live
+actor, built on the first sync and again whenever the members or the backend change.
+
+This is where a sync meets Ray (the actors' join and receive calls, their deaths);
+`rollout.weight_sync` below it only moves tensors over a process group."""
 
 from __future__ import annotations
 
