@@ -26,13 +26,9 @@ from rollout.engine.execution.kv_cache import KVCacheShape, allocate_kv_caches
 from rollout.engine.execution.sampler import Sampler, SamplingTensors
 from rollout.engine.execution.step_slot import StepSlot
 from rollout.engine.execution.streams import StepStreams
-from rollout.engine.model.attention import paged_attention_selected, register_paged_attention
 from rollout.engine.model.capabilities import layer_windows
-from rollout.engine.model.compilation import compile_decoder_layers
 from rollout.engine.model.forward_context import ForwardContext, forward_context
-from rollout.engine.model.fused_experts import fused_experts_selected, select_fused_experts
-from rollout.engine.model.fused_projections import fuse_projections, route_decode_linears
-from rollout.engine.model.fused_routing import fused_routers_selected, select_fused_routers
+from rollout.engine.model.preparation import prepare_model
 from rollout.engine.scheduling.step_inputs import StepInputs
 from rollout.kernels import resolve_attention_backend
 from rollout.kernels.attention_metadata import AttentionMetadata
@@ -87,26 +83,11 @@ class ModelRunner:
         if config.cuda_graphs and device.type == "cuda" and self.backend.name == "triton":
             # The torch twin reads host-side lengths, which a graph cannot refresh: eager there.
             self.graphs = DecodeGraphs(default_buckets(config.max_num_seqs), self.streams.compute)
-        self.timing: DeviceTiming | None = None  # set by benchmarks: device time of each step
+        self.timing: DeviceTiming | None = None  # device time of each step, once measured
         self.host_wait_s = 0.0  # host time blocked in wait(): the rest of a step is CPU work
-        # capabilities.check_forward: the layers that attended, one list per forward.
+        # forward_check.check_forward: the layers that attended, one list per forward.
         self.layers_attended: list[list[int]] | None = None
-        register_paged_attention()
-        # The configs whose experts run our fused kernel inside a step ([]: transformers' path).
-        self.fused_experts_configs: list = []
-        self.fused_experts_declined: str | None = None  # why an MoE model keeps its own path
-        if config.fused_moe and self.backend.name == "triton":
-            self.fused_experts_configs, self.fused_experts_declined = select_fused_experts(model)
-        # (router, our forward for it) for the softmax routers our routing kernel computes.
-        self.fused_routers: list = []
-        if config.fused_routing and self.backend.name == "triton":
-            self.fused_routers = select_fused_routers(model)
-        if config.fuse_projections:
-            fuse_projections(model)  # before compiling: dynamo traces the fused forward
-        if config.triton_linear and self.backend.name == "triton":  # CUDA, with triton installed
-            route_decode_linears(model)
-        if config.compile_model and device.type == "cuda":
-            compile_decoder_layers(model)
+        self.prepared = prepare_model(model, config, device, self.backend.name)
 
     def launch(self, step_id: int, inputs: StepInputs) -> StepHandle:
         """Enqueue one step (copy in, compute, copy out) and return without waiting."""
@@ -192,12 +173,7 @@ class ModelRunner:
             attended = []
             self.layers_attended.append(attended)
         context = ForwardContext(meta, self.kv_caches, self.backend, self.windows, attended)
-        with (
-            forward_context(context),
-            paged_attention_selected(self.model),
-            fused_experts_selected(self.fused_experts_configs),
-            fused_routers_selected(self.fused_routers),
-        ):
+        with forward_context(context), self.prepared.selected():
             logits = self.model(
                 input_ids=input_ids[None],
                 position_ids=dev["positions"][None],

@@ -1,0 +1,72 @@
+"""Everything the engine does to a transformers model before its first step, in one place.
+
+In order: our paged attention registered with transformers; the MoE experts and the softmax
+routers our kernels compute picked out (transformers' path for the rest); q/k/v and gate/up
+fused into one GEMM each; decode's projections routed to our decode GEMM; the decoder layers
+compiled. Fusing comes before compiling, because dynamo traces the fused forward. Parameter
+names survive every change, so weight sync by name still works.
+
+`PreparedModel.selected()` is the other half: inside it (one engine forward) the model runs our
+implementations; outside it, its own, so a wrapped model's `model(ids)` is unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from rollout.engine.config import EngineConfig
+from rollout.engine.model.attention import paged_attention_selected, register_paged_attention
+from rollout.engine.model.compilation import compile_decoder_layers
+from rollout.engine.model.fused_experts import fused_experts_selected, select_fused_experts
+from rollout.engine.model.fused_projections import fuse_projections, route_decode_linears
+from rollout.engine.model.fused_routing import fused_routers_selected, select_fused_routers
+
+
+@dataclass
+class PreparedModel:
+    """A model made ready for the engine's forwards, and what was chosen for it."""
+
+    model: torch.nn.Module
+    fused_experts_configs: list = field(default_factory=list)
+    """The configs whose MoE experts run our fused kernel inside a step ([]: transformers')."""
+    fused_experts_declined: str | None = None
+    """Why an MoE model keeps transformers' experts path (None: fused, or not MoE)."""
+    fused_routers: list = field(default_factory=list)
+    """(router, our forward for it) for the softmax routers our routing kernel computes."""
+
+    @contextmanager
+    def selected(self) -> Iterator[None]:
+        """Inside: our attention, and our experts and routers where they were picked."""
+        with (
+            paged_attention_selected(self.model),
+            fused_experts_selected(self.fused_experts_configs),
+            fused_routers_selected(self.fused_routers),
+        ):
+            yield
+
+
+def prepare_model(
+    model: torch.nn.Module, config: EngineConfig, device: torch.device, backend: str
+) -> PreparedModel:
+    """Prepare `model` in place for the engine's steps on `device` with the attention `backend`
+    ("triton" or "torch": the Triton-only pieces need the Triton backend)."""
+    register_paged_attention()
+    prepared = PreparedModel(model)
+    triton = backend == "triton"  # CUDA, with triton installed
+    if config.fused_moe and triton:
+        prepared.fused_experts_configs, prepared.fused_experts_declined = select_fused_experts(
+            model
+        )
+    if config.fused_routing and triton:
+        prepared.fused_routers = select_fused_routers(model)
+    if config.fuse_projections:
+        fuse_projections(model)
+    if config.triton_linear and triton:
+        route_decode_linears(model)
+    if config.compile_model and device.type == "cuda":
+        compile_decoder_layers(model)
+    return prepared
