@@ -12,7 +12,7 @@ import torch
 from rollout.engine.config import EngineConfig
 from rollout.engine.execution.kv_cache import KVCacheShape, decide_num_blocks
 from rollout.engine.execution.model_runner import ModelRunner
-from rollout.engine.model.attention_checks import check_forward
+from rollout.engine.forward_check import check_forward
 from rollout.engine.model.capabilities import check_config
 from rollout.engine.model.loader import load_model, load_tokenizer, resolve_device, resolve_dtype
 from rollout.engine.sampling_params import SamplingParams

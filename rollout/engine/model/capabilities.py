@@ -20,7 +20,7 @@ chunked attention, bidirectional attention, multi-head latent attention (MLA) an
 where keys and values differ in head size.
 
 Two stages, both at construction: `check_config` here reads the config and the model class before
-any memory is allocated; `attention_checks.check_forward` then runs one short generation through
+any memory is allocated; `rollout.engine.forward_check` then runs one short generation through
 the engine, where the attention function refuses any argument it does not compute and every
 decoder layer must have called it.
 """
