@@ -91,13 +91,14 @@ def measure_point(
         prompt = torch.randint(0, vocab, (context,), generator=g).tolist()
         engine.add_request(prompt, params, request_id=request_id, first_index=i)
     # Admit every prompt first (prefill chunks), then decode until the batch is steady.
-    while engine.scheduler.waiting or any(
-        s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running
+    scheduler = engine.debug_internals().scheduler  # whether every prompt is computed
+    while scheduler.waiting or any(
+        s.num_computed_tokens < s.num_prompt_tokens for s in scheduler.running
     ):
         engine.step()
     for _ in range(WARM_STEPS):  # the decode graph of this batch size captured
         engine.step()
-    preemptions = engine.scheduler.num_preemptions
+    preemptions = engine.stats().preemptions
     if cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -108,7 +109,7 @@ def measure_point(
     wall_ms = 1e3 * (time.perf_counter() - start) / steps
     result = {"batch": batch, "context": context, "ms_per_step": wall_ms}
 
-    kv_per_token = kv_bytes_per_token(model.config, engine.runner.kv_caches[0][0].element_size())
+    kv_per_token = kv_bytes_per_token(model.config, engine.dtype.itemsize)
     # The measured steps' mean context, to within the prefill's stagger.
     mean_context = context + WARM_STEPS + steps // 2
     floor, _ = engine_step_floor(model, engine, mean_context, [1] * batch)
@@ -126,10 +127,11 @@ def measure_point(
         result |= time_verifications(engine, steps, verify_drafts, wall_ms, cuda, profile)
     # The whole batch decoded through every measured step, none preempted (a point whose KV
     # does not fit the cache measures recomputation instead: it is refused).
-    if len(engine.scheduler.running) != batch or engine.scheduler.num_preemptions != preemptions:
+    stats = engine.stats()
+    if stats.running_sequences != batch or stats.preemptions != preemptions:
         raise SystemExit(
-            f"point {batch}x{context}: the batch did not stay whole ({len(engine.scheduler.running)}"
-            f" running, {engine.scheduler.num_preemptions - preemptions} preemptions): its KV "
+            f"point {batch}x{context}: the batch did not stay whole ({stats.running_sequences}"
+            f" running, {stats.preemptions - preemptions} preemptions): its KV "
             "does not fit the cache; use a smaller point"
         )
     for request_id in ids:
@@ -186,7 +188,7 @@ def time_verifications(
     to the wall time is the host's share: a verification step is not overlapped)."""
     import torch
 
-    scheduler = engine.scheduler
+    scheduler = engine.debug_internals().scheduler
 
     def forced_draft(seq, budget: int) -> list[int]:
         most = min(drafts, seq.token_limit - len(seq.token_ids) - 1, budget - 1)
@@ -319,7 +321,8 @@ def main(argv: list[str] | None = None) -> None:
     settings.update(_engine_overrides(args.engine))
     decode_tiles = _set_decode_tiles(args.decode_tiles) if device == "cuda" else None
     engine = LLMEngine.from_model(model, EngineConfig(**settings))
-    engine.scheduler.speculative_tokens = 0  # plain decoding, but for the verification timings
+    # Plain decoding, but for the verification timings.
+    engine.debug_internals().scheduler.speculative_tokens = 0
     commit, date = commit_id(), datetime.date.today().isoformat()
     report = {
         "benchmark": "decode_regimes",

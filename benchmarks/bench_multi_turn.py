@@ -32,7 +32,6 @@ set_environment_defaults()
 
 def _engine(model, args, tokenizer):
     from rollout import EngineConfig, LLMEngine
-    from rollout.engine.execution.device_timing import DeviceTiming
 
     total = args.prompt_len + args.turns * (args.turn_tokens + args.observation_tokens) + 16
     config = EngineConfig(
@@ -44,7 +43,7 @@ def _engine(model, args, tokenizer):
         compile_model=args.device == "cuda",
     )
     engine = LLMEngine.from_model(model, config, tokenizer=tokenizer)
-    engine.runner.timing = DeviceTiming(engine.device)
+    engine.measure_device_time()
     return engine
 
 
@@ -54,7 +53,7 @@ def run_single_turn(engine, prompts, args) -> dict:
     params = SamplingParams(
         max_tokens=args.turns * args.turn_tokens, n=args.group_size, ignore_eos=True, seed=0
     )
-    busy0, start = engine.runner.timing.total_s(), time.perf_counter()
+    busy0, start = engine.stats().device_s, time.perf_counter()
     steps = 0
     for i, p in enumerate(prompts):
         engine.add_request(p, params, request_id=f"s{i}")
@@ -79,8 +78,8 @@ def run_multi_turn(engine, prompts, args) -> dict:
     )
     params = SamplingParams(max_tokens=args.turn_tokens, n=args.group_size, ignore_eos=True, seed=0)
     env = "benchmarks.lib.tool_env:SyntheticToolEnv"
-    hits0 = engine.scheduler.num_prefix_hit_tokens
-    busy0, start = engine.runner.timing.total_s(), time.perf_counter()
+    hits0 = engine.stats().prefix_hit_tokens
+    busy0, start = engine.stats().device_s, time.perf_counter()
     for i, p in enumerate(prompts):
         runner.start(f"m{i}", env, {"prompt": " ".join(map(str, p))}, params, limits)
     episodes, steps = [], 0
@@ -102,7 +101,7 @@ def run_multi_turn(engine, prompts, args) -> dict:
     tokens = sum(sum(e.mask) for e in episodes)
     result = _result("multi-turn", engine, tokens, steps, start, busy0)
     result["tool_s_total"] = sum(sum(e.env.latencies) for e in episodes)
-    result["prefix_hit_tokens"] = engine.scheduler.num_prefix_hit_tokens - hits0
+    result["prefix_hit_tokens"] = engine.stats().prefix_hit_tokens - hits0
     return result
 
 
@@ -112,7 +111,7 @@ def _result(mode, engine, tokens, steps, start, busy0) -> dict:
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
     wall = time.perf_counter() - start
-    busy = engine.runner.timing.total_s() - busy0
+    busy = engine.stats().device_s - busy0
     return {
         "mode": mode,
         "model_tokens": tokens,

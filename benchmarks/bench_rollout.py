@@ -63,6 +63,7 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
         weight_split,
     )
     from rollout import EngineConfig, LLMEngine, SamplingParams
+    from rollout.engine.model.capabilities import layer_windows
 
     settings = _engine_settings(workload, overlap, args, max(workload.num_requests, 1))
     setup_start = time.perf_counter()
@@ -77,45 +78,35 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
     cuda = engine.device.type == "cuda"
     for i, prompt in enumerate(prompts):
         engine.add_request(prompt, params, request_id=f"r{i}", first_index=i)
-    step_ends, tokens = [], 0
-    start = time.perf_counter()
-    last_report = 0.0
+    tokens = 0
+    clock = _RunClock(args.deadline_s)
     while engine.has_unfinished():
         for completion in engine.step():
             tokens += len(completion.token_ids)
-        step_ends.append(time.perf_counter() - start)
-        if step_ends[-1] - last_report > 60:  # long workloads: show progress
-            last_report = step_ends[-1]
-            done = tokens + sum(s.num_output_tokens for s in engine.scheduler.running)
-            print(
-                f"[bench]   ... {step_ends[-1]:.0f} s, {len(step_ends)} steps, ~{done:,} tokens, "
-                f"{len(engine.scheduler.running)} running, "
-                f"{engine.scheduler.num_preemptions} preemptions",
-                flush=True,
-            )
-        if args.deadline_s and step_ends[-1] > args.deadline_s:
+        if clock.step_done(engine, lambda n=tokens: f"{n:,} tokens in finished samples"):
             break
     if cuda:
         torch.cuda.synchronize()
-    wall = time.perf_counter() - start
+    wall = time.perf_counter() - clock.start
+    stats = engine.stats()
     if args.deadline_s and wall > args.deadline_s and engine.has_unfinished():
-        tokens = sum(s.num_output_tokens for s in engine.scheduler.running)  # all still running
-    device_s = engine.runner.timing.total_s()
+        tokens = stats.running_output_tokens  # all still running
+    step_ends = clock.step_ends
     steps = len(step_ends)
     weights = weight_bytes_per_step(model)
-    kv_per_token = kv_bytes_per_token(model.config, engine.runner.kv_caches[0][0].element_size())
+    kv_per_token = kv_bytes_per_token(model.config, engine.dtype.itemsize)
     roofline = roofline_tokens_per_s(
         weights,
         kv_per_token,
         workload.num_requests,
         workload.prompt_len,
         workload.new_tokens,
-        windows=engine.runner.windows,
+        windows=layer_windows(engine.model),
     )
     tokens_per_s = tokens / wall
     step_ms = [1e3 * (b - a) for a, b in zip([0.0, *step_ends[:-1]], step_ends, strict=True)]
     result = _run_result(
-        engine, overlap, tokens, wall, steps, device_s, roofline, setup_s, settings,
+        engine, overlap, tokens, wall, steps, roofline, setup_s, settings,
         truncated=bool(args.deadline_s and engine.has_unfinished()), step_ms=step_ms,
     )  # fmt: skip
     split = weight_split(model)
@@ -141,26 +132,22 @@ def _ready_for_the_measured_run(engine) -> None:
     shape the warm-up did not compile (seconds of compilation timed as the first step)."""
     import torch
 
-    from rollout.engine.execution.device_timing import DeviceTiming
-    from rollout.engine.scheduling.verification import SpeculationStats
-
     engine.reset_prefix_cache()
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    engine.runner.timing = DeviceTiming(engine.device)
-    engine.runner.host_wait_s = 0.0
-    engine.scheduler.speculation = SpeculationStats()
-    engine.scheduler.num_preemptions = engine.scheduler.num_prefix_hit_tokens = 0
+    engine.measure_device_time()
+    engine.reset_stats()
 
 
 def _run_result(
-    engine, overlap, tokens, wall, steps, device_s, roofline, setup_s, settings, truncated, step_ms
+    engine, overlap, tokens, wall, steps, roofline, setup_s, settings, truncated, step_ms
 ) -> dict:
     """What every engine run reports (both workload kinds)."""
     import torch
 
     cuda = engine.device.type == "cuda"
+    stats = engine.stats()
     tokens_per_s = tokens / wall
     return {
         "mode": "overlap" if overlap else "sync",
@@ -169,29 +156,28 @@ def _run_result(
         "tokens_per_s": tokens_per_s,
         "steps": steps,
         "ms_per_step": 1e3 * wall / steps,
-        "gpu_busy": device_s / wall if cuda else None,
-        "cpu_ms_per_step": 1e3 * (wall - engine.runner.host_wait_s) / steps,
+        "gpu_busy": stats.device_s / wall if cuda else None,
+        "cpu_ms_per_step": 1e3 * (wall - stats.host_wait_s) / steps,
         "roofline_tokens_per_s": roofline if cuda else None,
         "roofline_fraction": tokens_per_s / roofline if cuda else None,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "num_kv_blocks": engine.num_kv_blocks,
-        "preemptions": engine.scheduler.num_preemptions,
+        "preemptions": stats.preemptions,
         # Prompt tokens whose KV the prefix cache supplied (0 unless prompts repeat in the run).
-        "prefix_hit_tokens": engine.scheduler.num_prefix_hit_tokens,
-        "cuda_graphs": len(engine.runner.graphs) if engine.runner.graphs is not None else 0,
+        "prefix_hit_tokens": stats.prefix_hit_tokens,
+        "cuda_graphs": stats.cuda_graphs,
         "truncated_at_deadline": truncated,
         "setup_s": setup_s,
         "compiled": settings["compile_model"] and cuda,
         "step_ms": step_ms,
-        "speculation": _speculation(engine),
+        "speculation": _speculation(engine, stats.speculation),
     }
 
 
-def _speculation(engine) -> dict | None:
+def _speculation(engine, stats) -> dict | None:
     """What speculative decoding did in the measured run (None when it is off)."""
     if engine.config.speculative == "none":
         return None
-    stats = engine.speculation
     return {
         "verifications": stats.verifications,
         "drafted": stats.drafted,
@@ -202,6 +188,33 @@ def _speculation(engine) -> dict | None:
             stats.emitted / stats.verifications if stats.verifications else 0.0
         ),
     }
+
+
+class _RunClock:
+    """A measured run's step end times (seconds from its start), a progress line each minute on
+    long workloads, and the optional deadline."""
+
+    def __init__(self, deadline_s: float | None) -> None:
+        self.deadline_s = deadline_s
+        self.step_ends: list[float] = []
+        self.start = time.perf_counter()
+        self._last_report = 0.0
+
+    def step_done(self, engine, done) -> bool:
+        """Record a step's end (`done()`: what the run has finished so far, for the progress
+        line; called only when a line is due). Returns whether the deadline has passed."""
+        now = time.perf_counter() - self.start
+        self.step_ends.append(now)
+        if now - self._last_report > 60:
+            self._last_report = now
+            stats = engine.stats()
+            print(
+                f"[bench]   ... {now:.0f} s, {len(self.step_ends)} steps, {done()}; "
+                f"{stats.running_sequences} running (~{stats.running_output_tokens:,} tokens), "
+                f"{stats.preemptions} preemptions",
+                flush=True,
+            )
+        return bool(self.deadline_s) and now > self.deadline_s
 
 
 # Regimes of a grpo run by the number of samples running: (name, fewest, most; None: no bound).
@@ -299,41 +312,34 @@ def run_grpo(model, workload, overlap: bool, prompts, args) -> dict:
     cuda = engine.device.type == "cuda"
 
     plan = _add_planned(engine, prompts, group, lengths, "r", args.temperature, seed=0)
-    scheduler, block_manager = engine.scheduler, engine.block_manager
+    # The running samples, read every step (stats() would build a snapshot each time).
+    internals = engine.debug_internals()
+    scheduler, block_manager = internals.scheduler, internals.block_manager
     block_size = engine.config.block_size
-    running_before, step_ends, completions = [], [], []
+    running_before, completions = [], []
     peak_blocks = peak_one_copy = 0
-    start = time.perf_counter()
-    last_report = 0.0
+
+    clock = _RunClock(args.deadline_s)
     while engine.has_unfinished():
         plan.apply()
         running_before.append(len(scheduler.running))
         completions.extend(engine.step())
-        step_ends.append(time.perf_counter() - start)
         # Blocks in use against one private copy of every running sample's tokens: what sharing
         # the prompt's blocks saves. O(running) per step, a few microseconds per hundred samples.
         peak_blocks = max(peak_blocks, engine.num_kv_blocks - block_manager.num_free_blocks)
         one_copy = sum(-(-seq.num_tokens // block_size) for seq in scheduler.running)
         peak_one_copy = max(peak_one_copy, one_copy)
-        if step_ends[-1] - last_report > 60:  # long workloads: show progress
-            last_report = step_ends[-1]
-            print(
-                f"[bench]   ... {step_ends[-1]:.0f} s, {len(step_ends)} steps, "
-                f"{len(completions)} of {len(lengths)} samples done, "
-                f"{len(scheduler.running)} running",
-                flush=True,
-            )
-        if args.deadline_s and step_ends[-1] > args.deadline_s:
+        if clock.step_done(engine, lambda: f"{len(completions)} of {len(lengths)} samples done"):
             break
     if cuda:
         torch.cuda.synchronize()
-    wall = time.perf_counter() - start
+    wall = time.perf_counter() - clock.start
     truncated = bool(args.deadline_s and engine.has_unfinished())
     plan.check(completions, expect_all=not truncated)
     tokens = sum(len(c.token_ids) for c in completions)
     if truncated:
-        tokens += sum(seq.num_output_tokens for seq in scheduler.running)
-    device_s = engine.runner.timing.total_s()
+        tokens += engine.stats().running_output_tokens
+    step_ends = clock.step_ends
     steps = len(step_ends)
     step_s = np.diff(np.asarray([0.0, *step_ends]))
 
@@ -360,7 +366,7 @@ def run_grpo(model, workload, overlap: bool, prompts, args) -> dict:
     roofline = planned / floor_s
     # For grpo the roofline is the per-step floor of its own lengths (touched experts only).
     result = _run_result(
-        engine, overlap, tokens, wall, steps, device_s, roofline, setup_s, settings,
+        engine, overlap, tokens, wall, steps, roofline, setup_s, settings,
         truncated=truncated, step_ms=(1e3 * step_s).tolist(),
     )  # fmt: skip
     result |= {
@@ -395,7 +401,7 @@ def _add_planned(engine, prompts, group: int, lengths, prefix: str, temperature,
     that ends sample j of prompt i at lengths[i * group + j] new tokens."""
     from rollout import SamplingParams
 
-    plan = LengthPlan(engine.scheduler)
+    plan = LengthPlan(engine.debug_internals().scheduler)
     for i, prompt in enumerate(prompts):
         group_lengths = lengths[i * group : (i + 1) * group]
         params = SamplingParams(

@@ -51,13 +51,14 @@ def run(model_path: str, prompts, args, speculative: str) -> dict:
     results = engine.generate(prompts, params)
     wall = time.perf_counter() - start
     tokens = sum(len(r.token_ids) for r in results)
-    stats = engine.speculation
+    engine_stats = engine.stats()
+    stats = engine_stats.speculation
     # Sequence-forwards: each sampled row of a plain step is one; a verification is one.
     forwards = tokens - stats.emitted + stats.verifications
     return {
         "speculative": speculative,
         "tokens": tokens,
-        "steps": engine.loop.num_steps,
+        "steps": engine_stats.steps,
         "wall_s": wall,
         "tokens_per_s": tokens / wall,
         "verifications": stats.verifications,

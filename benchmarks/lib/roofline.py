@@ -196,13 +196,15 @@ def engine_step_floor(
     """`per_step_floor` for `model` as `engine` serves it: its weights (touched experts only for
     MoE), the element size of its KV cache and its layers' windows."""
     split = weight_split(model)
-    kv_per_token = kv_bytes_per_token(model.config, engine.runner.kv_caches[0][0].element_size())
+    from rollout.engine.model.capabilities import layer_windows
+
+    kv_per_token = kv_bytes_per_token(model.config, engine.dtype.itemsize)
     return per_step_floor(
         prompt_lens,
         output_lens,
         split.dense_bytes,
         kv_per_token,
-        windows=engine.runner.windows,
+        windows=layer_windows(engine.model),
         expert_bytes=split.expert_bytes,
         num_experts=split.num_experts,
         top_k=split.top_k,

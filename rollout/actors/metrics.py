@@ -6,11 +6,10 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from rollout.engine.execution.device_timing import DeviceTiming
-
 if TYPE_CHECKING:
     from rollout.actors.messages import FinishedSample
     from rollout.engine.llm_engine import LLMEngine
+    from rollout.engine.scheduling.verification import SpeculationStats
 
 
 class WorkerMetrics:
@@ -26,7 +25,7 @@ class WorkerMetrics:
         self.total_tokens = 0
         self.total_sequences = 0
         # Device time per step gives the GPU-busy fraction; events are cheap, CPU uses host clocks.
-        engine.runner.timing = DeviceTiming(engine.device)
+        engine.measure_device_time()
         self._device_s_seen = 0.0
         self._speculation_seen = (0, 0, 0, 0)  # verifications, drafted, accepted, emitted
 
@@ -47,21 +46,19 @@ class WorkerMetrics:
         now = time.monotonic()
         self._trim(now)
         span = self.window_s
-        scheduler = self.engine.scheduler
-        blocks = self.engine.num_kv_blocks
+        stats = self.engine.stats()
         steps = len(self._steps)
-        timing = self.engine.runner.timing
-        device_total = timing.total_s() if timing is not None else 0.0
+        device_total = stats.device_s or 0.0
         device_s, self._device_s_seen = device_total - self._device_s_seen, device_total
         host_s = sum(h for _, h in self._steps)
         values = {
             "tokens_per_s": sum(n for _, n in self._tokens) / span,
             "steps_per_s": steps / span,
             "cpu_ms_per_step": 1e3 * host_s / steps if steps else 0.0,
-            "running_sequences": float(len(scheduler.running)),
-            "waiting_sequences": float(len(scheduler.waiting)),
-            "kv_cache_use": 1.0 - self.engine.block_manager.num_free_blocks / blocks,
-            "preemptions": float(scheduler.num_preemptions),
+            "running_sequences": float(stats.running_sequences),
+            "waiting_sequences": float(stats.waiting_sequences),
+            "kv_cache_use": stats.kv_cache_use,
+            "preemptions": float(stats.preemptions),
             "latency_s": _mean(self._latencies),
             "queue_wait_s": _mean(self._queue_waits),
             "weight_version": float(version),
@@ -72,13 +69,12 @@ class WorkerMetrics:
         if self.engine.device.type == "cuda":  # device time over host step time
             values["gpu_busy"] = min(1.0, device_s / host_s) if host_s else 0.0
         if self.engine.config.speculative != "none":
-            values.update(self._speculation_since_last())
+            values.update(self._speculation_since_last(stats.speculation))
         return values
 
-    def _speculation_since_last(self) -> dict[str, float]:
+    def _speculation_since_last(self, stats: SpeculationStats) -> dict[str, float]:
         """Speculative decoding since the previous snapshot: the share of drafted tokens
         accepted, and the tokens each verification yielded (1 = no gain)."""
-        stats = self.engine.speculation
         now = (stats.verifications, stats.drafted, stats.accepted, stats.emitted)
         verifications, drafted, accepted, emitted = (
             a - b for a, b in zip(now, self._speculation_seen, strict=True)

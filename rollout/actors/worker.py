@@ -140,14 +140,10 @@ class RolloutWorker:
 
         def apply() -> float:
             start = time.perf_counter()
-            # Cached KV was computed with the weights about to be replaced (even a torn transfer
-            # leaves it stale).
-            self.engine.reset_prefix_cache()
-            streams = self.engine.runner.streams
-            # On CUDA the copies are ordered after any step still in flight on the compute stream.
             try:
-                with streams.on(streams.compute):
-                    receive_weights(self._weight_group, manifest, self.engine.model)
+                self.engine.update_weights(
+                    lambda model: receive_weights(self._weight_group, manifest, model)
+                )
             except BaseException as err:
                 # Torn by this transfer, or still torn by an earlier one.
                 self._torn_weights = self._torn_weights or isinstance(err, TornWeightsError)

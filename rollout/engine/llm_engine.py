@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from collections.abc import Sequence as SequenceABC
+from typing import Any, NamedTuple
 
 import torch
 
 from rollout.engine.config import EngineConfig
+from rollout.engine.execution.device_timing import DeviceTiming
 from rollout.engine.execution.kv_cache import KVCacheShape, decide_num_blocks
 from rollout.engine.execution.model_runner import ModelRunner
 from rollout.engine.forward_check import check_forward
@@ -20,10 +22,22 @@ from rollout.engine.scheduling.block_manager import BlockManager
 from rollout.engine.scheduling.request_checks import check_prompt
 from rollout.engine.scheduling.scheduler import Scheduler
 from rollout.engine.scheduling.sequence import Completion, Sequence
+from rollout.engine.seeds import request_seed
+from rollout.engine.stats import EngineStats, collect_stats, reset_counters
 from rollout.engine.step_loop import OverlapLoop, SyncLoop
 from rollout.engine.stop_strings import StopStrings
+from rollout.engine.weight_update import NamedTensors, update_weights
 
 Prompt = str | list[int]
+
+
+class EngineInternals(NamedTuple):
+    """What `LLMEngine.debug_internals()` returns."""
+
+    scheduler: Scheduler
+    block_manager: BlockManager
+    runner: ModelRunner
+    loop: SyncLoop | OverlapLoop
 
 
 class LLMEngine:
@@ -64,26 +78,43 @@ class LLMEngine:
         self.vocab_size = model.get_input_embeddings().weight.shape[0]
         shape = KVCacheShape.from_model_config(model.config)
         self.num_kv_blocks = decide_num_blocks(config, shape, dtype, device, self.vocab_size)
-        self.block_manager = BlockManager(self.num_kv_blocks, config.block_size)
-        self.scheduler = Scheduler(
-            self.block_manager,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_model_len=config.max_model_len,
-            eos_token_ids=_eos_token_ids(model, tokenizer),
-            speculative_tokens=config.num_speculative_tokens if config.speculative != "none" else 0,
-            speculative_max_seqs=config.speculative_max_seqs,
-            prefix_caching=config.enable_prefix_caching,
-            stop_string_hit=StopStrings(tokenizer).hit if tokenizer is not None else None,
+        self._runner = ModelRunner(
+            model, config, device, dtype, self.num_kv_blocks, self.vocab_size
         )
-        self.runner = ModelRunner(model, config, device, dtype, self.num_kv_blocks, self.vocab_size)
         loop_class = OverlapLoop if config.overlap else SyncLoop
-        self.loop = loop_class(self.scheduler, self.runner, config.block_size)
+        eos_token_ids = _eos_token_ids(model, tokenizer)
+        stop_string_hit = StopStrings(tokenizer).hit if tokenizer is not None else None
+
+        def new_scheduler(block_manager: BlockManager) -> Scheduler:
+            return Scheduler(
+                block_manager,
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_model_len=config.max_model_len,
+                eos_token_ids=eos_token_ids,
+                speculative_tokens=(
+                    config.num_speculative_tokens if config.speculative != "none" else 0
+                ),
+                speculative_max_seqs=config.speculative_max_seqs,
+                prefix_caching=config.enable_prefix_caching,
+                stop_string_hit=stop_string_hit,
+            )
+
+        check_forward(
+            model,
+            loop_class(
+                new_scheduler(BlockManager(self.num_kv_blocks, config.block_size)),
+                self._runner,
+                config.block_size,
+            ),
+            config,
+            self.vocab_size,
+            cache_tokens=self.num_kv_blocks * config.block_size,
+        )
+        self._block_manager = BlockManager(self.num_kv_blocks, config.block_size)
+        self._scheduler = new_scheduler(self._block_manager)
+        self._step_loop = loop_class(self._scheduler, self._runner, config.block_size)
         self._ready: list[Completion] = []  # results known without running (bad requests, aborts)
-        self._arrivals = itertools.count()
-        self._request_ids = itertools.count()
-        check_forward(self)
-        # The check's request must not shift the seeds derived from arrival order.
         self._arrivals = itertools.count()
         self._request_ids = itertools.count()
 
@@ -100,7 +131,7 @@ class LLMEngine:
         request_id = request_id if request_id is not None else f"req-{next(self._request_ids)}"
         token_ids = self._tokenize(prompt)
         arrival = next(self._arrivals)
-        seed = params.seed if params.seed is not None else _derive_seed(self.config.seed, arrival)
+        seed = params.seed if params.seed is not None else request_seed(self.config.seed, arrival)
         error = check_prompt(
             token_ids,
             params,
@@ -128,37 +159,66 @@ class LLMEngine:
             arrival_time=time.monotonic(),
             num_forks_pending=params.n - 1,
         )
-        self.scheduler.add(seq)
+        self._scheduler.add(seq)
         return request_id
 
     def abort(self, request_id: str) -> None:
         """End every sample of the request with finish_reason "abort" (returned by the next step)."""
-        for seq in self.scheduler.abort(request_id):
+        for seq in self._scheduler.abort(request_id):
             self._ready.append(seq.to_completion())
 
-    def reset_prefix_cache(self) -> None:
-        """Forget the cached KV of finished requests: call it whenever the model's weights
-        change outside `rollout.weight_sync` (which calls it), or later requests would reuse KV
-        computed with the old weights."""
-        self.scheduler.reset_prefix_cache()
-
-    @property
-    def speculation(self):
-        """Speculative decoding's counts so far (scheduler.SpeculationStats)."""
-        return self.scheduler.speculation
-
     def has_unfinished(self) -> bool:
-        return bool(self._ready) or self.scheduler.has_unfinished() or self.loop.has_in_flight()
+        return (
+            bool(self._ready) or self._scheduler.has_unfinished() or self._step_loop.has_in_flight()
+        )
 
     def step(self) -> list[Completion]:
         """Run one step; returns the completions that ended since the last call."""
         finished = (
-            self.loop.step()
-            if (self.scheduler.has_unfinished() or self.loop.has_in_flight())
+            self._step_loop.step()
+            if (self._scheduler.has_unfinished() or self._step_loop.has_in_flight())
             else []
         )
         ready, self._ready = self._ready, []
         return ready + [seq.to_completion() for seq in finished]
+
+    # ---- weights, stats -------------------------------------------------------------------------
+
+    def update_weights(self, weights: NamedTensors | Callable[[torch.nn.Module], Any]) -> Any:
+        """Copy new weights into the model in place, between steps (from the thread that steps
+        the engine): (name, tensor) pairs, named as in `model.named_parameters()`, or a function
+        that copies into the model's parameters itself (returns what it returns). The copies are
+        ordered after any step still on the device, and the prefix cache is emptied first, so no
+        later request reuses KV computed with the old weights."""
+        return update_weights(self.model, self._runner.streams, self.reset_prefix_cache, weights)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget the cached KV of finished requests (`update_weights` does it); call it if the
+        model's weights change any other way, or later requests would reuse stale KV."""
+        self._scheduler.reset_prefix_cache()
+
+    def stats(self) -> EngineStats:
+        """A snapshot of the engine's sequences, KV blocks and counters (see EngineStats)."""
+        return collect_stats(
+            self._scheduler, self._block_manager, self._runner, self._step_loop.num_steps
+        )
+
+    def reset_stats(self) -> None:
+        """Count steps, preemptions, prefix-cache hits, speculation and device time from zero."""
+        reset_counters(self._scheduler, self._runner)
+        self._step_loop.num_steps = 0
+
+    def measure_device_time(self) -> None:
+        """Time each step's compute on the device from now on (CUDA events, or host clocks on
+        CPU), reported as `stats().device_s`. Off by default: it adds two events a step."""
+        if self._runner.timing is None:
+            self._runner.timing = DeviceTiming(self.device)
+
+    def debug_internals(self) -> EngineInternals:
+        """The engine's parts, for tests and benchmarks that look inside a step (the running
+        sequences, the CUDA graphs) or steer a part directly. Not a stable interface: code that
+        serves or trains uses the request API, `stats()` and `update_weights()`."""
+        return EngineInternals(self._scheduler, self._block_manager, self._runner, self._step_loop)
 
     # ---- high-level API -----------------------------------------------------------------------
 
@@ -223,10 +283,6 @@ def _eos_token_ids(model, tokenizer) -> frozenset[int]:
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return frozenset(ids)
-
-
-def _derive_seed(engine_seed: int, arrival: int) -> int:
-    return (engine_seed * 1_000_003 + arrival * 7_919 + 1) % (1 << 62)
 
 
 def _params_per_prompt(prompts, params) -> list[SamplingParams]:

@@ -23,7 +23,6 @@ import dataclasses
 import inspect
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from typing import Any
 
 from rollout.engine.sampling_params import SamplingParams
 from rollout.engine.scheduling.sequence import Completion
+from rollout.engine.seeds import episode_seeds, turn_seed
 from rollout.environments.base import EpisodeLimits, StepResult, load_environment
 from rollout.prompts import PromptFormatter
 
@@ -105,12 +105,8 @@ class EpisodeRunner:
     ) -> None:
         """Start a group of params.n episodes of `environment` on dataset row `row`."""
         env_class = load_environment(environment)
-        # A request without a seed gets one from the engine's seed and the group (reproducible
-        # across runs, unlike hash() of a string).
-        seed = params.seed
-        if seed is None:
-            seed = (self.engine.config.seed * 1_000_003 + zlib.crc32(key.encode())) % (1 << 62)
-        episodes = [Episode(key, i, env_class(), seed + 7_919 * i) for i in range(params.n)]
+        seeds = episode_seeds(self.engine.config.seed, key, params.n, params.seed)
+        episodes = [Episode(key, i, env_class(), seed) for i, seed in enumerate(seeds)]
         stop = tuple(getattr(env_class, "stop", ())) + tuple(params.stop)
         group = _Group(key, params, limits, stop, episodes)
         self._groups[key] = group
@@ -263,7 +259,7 @@ class EpisodeRunner:
             n=len(episodes),
             max_tokens=max(1, room),
             stop=group.stop,
-            seed=(first.seed + 104_729 * first.turns) % (1 << 62),
+            seed=turn_seed(first.seed, first.turns),
         )
         request_id = f"{group.key}/{first.index}/{first.turns}"
         self._requests[request_id] = (group.key, {j: e.index for j, e in enumerate(episodes)})

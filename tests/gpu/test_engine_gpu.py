@@ -43,8 +43,8 @@ def test_greedy_equals_transformers_on_gpu(arch: str) -> None:
     engine = _engine(model)
     results = engine.generate(PROMPTS, SamplingParams(max_tokens=40, temperature=0))
     assert [r.token_ids for r in results] == expected
-    assert engine.scheduler.num_preemptions > 0
-    assert engine.runner.graphs is not None and len(engine.runner.graphs) > 0
+    assert engine.stats().preemptions > 0
+    assert engine.stats().cuda_graphs > 0
 
 
 def test_cuda_graph_replay_equals_eager() -> None:
@@ -71,7 +71,7 @@ def test_bf16_engine_runs_and_streams() -> None:
     results = engine.generate(PROMPTS, SamplingParams(max_tokens=64, n=3, seed=1, ignore_eos=True))
     assert all(len(r.token_ids) == 64 and r.finish_reason == "length" for r in results)
     assert all(torch.isfinite(torch.tensor(r.logprobs)).all() for r in results)
-    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+    assert engine.stats().free_kv_blocks == engine.num_kv_blocks
 
 
 def test_compiled_layers_agree_with_eager() -> None:
@@ -131,9 +131,8 @@ def test_windowed_families_equal_transformers_and_graphs_equal_eager(family: str
     sampled = SamplingParams(max_tokens=40, temperature=1.0, n=2, seed=3)
     settings = dict(num_kv_blocks=200, dtype=graph_dtype)
     graphed = _engine(model, **settings)
-    assert graphed.runner.graphs is not None
     a = graphed.generate(PROMPTS, sampled)
-    assert len(graphed.runner.graphs) > 0
+    assert graphed.stats().cuda_graphs > 0
     b = _engine(model, cuda_graphs=False, **settings).generate(PROMPTS, sampled)
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
 
@@ -151,9 +150,11 @@ def test_speculation_on_gpu_emits_the_plain_tokens(overlap: bool) -> None:
         engine = _engine(
             model, num_kv_blocks=200, overlap=overlap, speculative="ngram", speculative_max_seqs=16
         )
-        engine.scheduler.speculation_max_pause = 0  # try every step (random drafts rarely pass)
+        # Try every step (random drafts rarely pass).
+        engine.debug_internals().scheduler.speculation_max_pause = 0
         fast = engine.generate(PROMPTS, params)
         assert [r.token_ids for r in fast] == [r.token_ids for r in plain]
-        assert engine.speculation.accepted > 0
+        assert engine.stats().speculation.accepted > 0
         # Verification steps replayed graphs of num_speculative_tokens + 1 tokens a sequence.
-        assert 5 in engine.runner.graphs.widths(), engine.runner.graphs.widths()
+        graphs = engine.debug_internals().runner.graphs
+        assert 5 in graphs.widths(), graphs.widths()

@@ -105,17 +105,17 @@ def test_greedy_equals_transformers_with_the_fused_experts() -> None:
     model = model_zoo.tiny_model("qwen3_moe").to("cuda")
     expected = [model_zoo.hf_greedy(model, p, 40) for p in PROMPTS]
     engine = _engine(model)
-    assert engine.runner.fused_experts_configs, engine.runner.fused_experts_declined
-    assert len(engine.runner.fused_routers) == model.config.num_hidden_layers
+    prepared = engine.debug_internals().runner.prepared
+    assert prepared.fused_experts_configs, prepared.fused_experts_declined
+    assert len(prepared.fused_routers) == model.config.num_hidden_layers
     results = engine.generate(PROMPTS, SamplingParams(max_tokens=40, temperature=0))
     assert [r.token_ids for r in results] == expected
-    assert engine.scheduler.num_preemptions > 0
-    assert (
-        len(engine.runner.graphs) > 0
-    )  # fp32 MoE captured: the kernel reads no routing on the host
+    assert engine.stats().preemptions > 0
+    # fp32 MoE captured: the kernel reads no routing on the host.
+    assert engine.stats().cuda_graphs > 0
     # Outside a step the model is transformers' own again.
     assert engine.model.config._experts_implementation != "rollout_fused"
-    assert all("forward" not in vars(m) for m, _ in engine.runner.fused_routers)
+    assert all("forward" not in vars(m) for m, _ in prepared.fused_routers)
 
 
 @pytest.mark.parametrize("compile_model", [False, True])
@@ -125,7 +125,7 @@ def test_graphs_equal_eager_with_the_fused_experts(compile_model: bool) -> None:
     settings = dict(num_kv_blocks=200, dtype="bfloat16", compile_model=compile_model)
     graphed = _engine(model, **settings)
     a = graphed.generate(PROMPTS, sampled)
-    assert len(graphed.runner.graphs) > 0
+    assert graphed.stats().cuda_graphs > 0
     b = _engine(model, cuda_graphs=False, **settings).generate(PROMPTS, sampled)
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
 

@@ -39,8 +39,8 @@ def test_greedy_equals_transformers_generate(arch: str, overlap: bool) -> None:
     results = engine.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0))
     assert [r.token_ids for r in results] == expected
     assert all(r.finish_reason == "length" for r in results)
-    assert engine.scheduler.num_preemptions > 0, "the small pool must have forced preemption"
-    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+    assert engine.stats().preemptions > 0, "the small pool must have forced preemption"
+    assert engine.stats().free_kv_blocks == engine.num_kv_blocks
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])

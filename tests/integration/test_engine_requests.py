@@ -64,7 +64,7 @@ def test_bad_prompts_mixed_with_good_ones(model, overlap: bool) -> None:
             assert pair[0].token_ids == hf_greedy(model, prompt, 8)[: len(pair[0].token_ids)]
         else:
             assert all(r.finish_reason == "error" and r.error for r in pair)
-    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+    assert engine.stats().free_kv_blocks == engine.num_kv_blocks
 
 
 def test_n_samples_share_the_prompt_blocks(model) -> None:
@@ -73,23 +73,23 @@ def test_n_samples_share_the_prompt_blocks(model) -> None:
     engine = _engine(model, overlap=False, num_kv_blocks=32)
     engine.add_request(random_prompts((10,), seed=8)[0], SamplingParams(max_tokens=6, n=4, seed=1))
     engine.step()  # prefill once + first token of each sample
-    assert engine.scheduler.num_preemptions == 0
-    seqs = engine.scheduler.running
+    assert engine.stats().preemptions == 0
+    seqs = engine.debug_internals().scheduler.running
     assert len(seqs) == 4
     assert len({tuple(s.block_table) for s in seqs}) == 1, "all samples reference the prompt blocks"
-    assert engine.block_manager.num_free_blocks == 32 - 3, "the prompt was prefilled once"
+    assert engine.stats().free_kv_blocks == 32 - 3, "the prompt was prefilled once"
     engine.step()  # first decode: copy-on-write of the partial block
-    tables = [s.block_table for s in engine.scheduler.running]
+    tables = [s.block_table for s in engine.debug_internals().scheduler.running]
     assert len({tuple(t[:2]) for t in tables}) == 1, "full prompt blocks stay shared"
     assert len({t[2] for t in tables}) == 4, "each sample owns its last block"
-    assert all(engine.block_manager.ref_counts[b] == 4 for b in tables[0][:2])
-    assert engine.block_manager.num_free_blocks == 32 - 2 - 4
+    assert all(engine.debug_internals().block_manager.ref_counts[b] == 4 for b in tables[0][:2])
+    assert engine.stats().free_kv_blocks == 32 - 2 - 4
     results = []
     while engine.has_unfinished():
         results += engine.step()
     assert sorted(r.index for r in results) == [0, 1, 2, 3]
     assert len({tuple(r.token_ids) for r in results}) > 1, "sampled completions differ"
-    assert engine.block_manager.num_free_blocks == 32
+    assert engine.stats().free_kv_blocks == 32
 
 
 def test_same_seed_same_tokens_whatever_the_batch(model) -> None:
@@ -164,7 +164,7 @@ def test_abort_ends_a_request_and_keeps_the_others(model, overlap: bool) -> None
     assert sorted(c.index for c in aborted) == [1, 2, 3]
     assert all(c.finish_reason == "abort" and 0 < len(c.token_ids) < 30 for c in aborted)
     assert all(len(c.token_ids) == len(c.logprobs) for c in aborted)
-    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+    assert engine.stats().free_kv_blocks == engine.num_kv_blocks
 
 
 def test_string_prompts_use_the_tokenizer(model) -> None:

@@ -65,7 +65,7 @@ def test_an_episode_is_one_sample_with_the_models_tokens_masked_in(worker, polic
             assert abs(got - want) < 1e-4, (i, got, want)
     assert len({tuple(s.token_ids) for s in samples.values()}) == 3, "each sample its own seed"
     # Later turns found the earlier turns' blocks in the prefix cache.
-    assert worker.engine.scheduler.num_prefix_hit_tokens > 0
+    assert worker.engine.stats().prefix_hit_tokens > 0
 
 
 def test_a_slow_environment_does_not_hold_up_other_episodes(worker) -> None:

@@ -35,9 +35,9 @@ def test_a_next_turn_reuses_the_kv_and_equals_a_fresh_forward(overlap: bool) -> 
     first = engine.generate([prompt], SamplingParams(max_tokens=30, temperature=0))[0]
     tool_output = [7, 8, 9, 10, 11]  # tokens the model did not generate
     turn = prompt + first.token_ids + tool_output
-    hits_before = engine.scheduler.num_prefix_hit_tokens
+    hits_before = engine.stats().prefix_hit_tokens
     second = engine.generate([turn], SamplingParams(max_tokens=20, temperature=1.0, seed=3))[0]
-    reused = engine.scheduler.num_prefix_hit_tokens - hits_before
+    reused = engine.stats().prefix_hit_tokens - hits_before
     assert reused == 48, "every full block of the first turn (51 tokens, blocks of 16)"
     greedy = engine.generate([turn], SamplingParams(max_tokens=20, temperature=0))[0]
     assert greedy.token_ids == hf_greedy(model, turn, 20)
@@ -53,7 +53,7 @@ def test_groups_and_a_shared_system_prefix_hit_the_cache() -> None:
     engine.generate([system + questions[0]], SamplingParams(max_tokens=4, temperature=0))
     prompts = [system + q for q in questions[1:]]
     results = engine.generate(prompts, SamplingParams(max_tokens=12, temperature=0, n=2))
-    assert engine.scheduler.num_prefix_hit_tokens >= 2 * 32  # two 16-token blocks, each prompt
+    assert engine.stats().prefix_hit_tokens >= 2 * 32  # two 16-token blocks, each prompt
     expected = [hf_greedy(model, p, 12) for p in prompts]
     assert [r.token_ids for r in results] == [e for e in expected for _ in range(2)]
 
@@ -67,9 +67,9 @@ def test_changed_weights_are_never_served_from_the_cache() -> None:
         for p in model.parameters():
             p.mul_(1.5)
     engine.reset_prefix_cache()
-    hits_before = engine.scheduler.num_prefix_hit_tokens
+    hits_before = engine.stats().prefix_hit_tokens
     again = engine.generate([prompt], SamplingParams(max_tokens=8, temperature=0))[0]
-    assert engine.scheduler.num_prefix_hit_tokens == hits_before
+    assert engine.stats().prefix_hit_tokens == hits_before
     assert again.token_ids == hf_greedy(model, prompt, 8)
 
 
@@ -78,4 +78,4 @@ def test_caching_off_computes_every_token() -> None:
     (prompt,) = random_prompts((40,), seed=12)
     for _ in range(2):
         engine.generate([prompt], SamplingParams(max_tokens=4, temperature=0))
-    assert engine.scheduler.num_prefix_hit_tokens == 0
+    assert engine.stats().prefix_hit_tokens == 0

@@ -29,7 +29,7 @@ def _engine(model, **overrides) -> LLMEngine:
     engine = LLMEngine.from_model(copy.deepcopy(model), EngineConfig(**settings))
     # Try every step: a tiny random model's drafts are rarely accepted, and the pause after
     # empty tries (tested in tests/unit/test_scheduler.py) would leave few verifications here.
-    engine.scheduler.speculation_max_pause = 0
+    engine.debug_internals().scheduler.speculation_max_pause = 0
     return engine
 
 
@@ -40,10 +40,10 @@ def test_greedy_with_speculation_equals_transformers(overlap: bool) -> None:
     engine = _engine(model, overlap=overlap, num_kv_blocks=20)  # 320 tokens for 6 x ~80: preempts
     results = engine.generate(PROMPTS, SamplingParams(max_tokens=48, temperature=0))
     assert [r.token_ids for r in results] == expected
-    assert engine.scheduler.num_preemptions > 0
-    stats = engine.speculation
+    assert engine.stats().preemptions > 0
+    stats = engine.stats().speculation
     assert stats.accepted > 20, stats
-    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+    assert engine.stats().free_kv_blocks == engine.num_kv_blocks
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -60,7 +60,7 @@ def test_sampled_tokens_and_logprobs_equal_the_plain_run(overlap: bool) -> None:
     assert [r.finish_reason for r in fast] == [r.finish_reason for r in plain]
     for a, b in zip(fast, plain, strict=True):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
-    assert engine.speculation.accepted > 0, engine.speculation
+    assert engine.stats().speculation.accepted > 0, engine.stats().speculation
 
 
 def _pit_ks(model, prompts, results, temperature: float) -> tuple[float, int]:
@@ -92,7 +92,7 @@ def test_emitted_tokens_follow_the_models_distribution() -> None:
     engine = _engine(model, max_num_seqs=128, speculative_max_seqs=128, max_num_batched_tokens=1024)
     params = SamplingParams(max_tokens=12, temperature=0.5, n=100, seed=2, ignore_eos=True)
     results = engine.generate(prompts, params)
-    assert engine.speculation.accepted > 150, engine.speculation
+    assert engine.stats().speculation.accepted > 150, engine.stats().speculation
     distance, n = _pit_ks(model, prompts, results, temperature=0.5)
     critical = 1.95 / n**0.5  # alpha = 0.001
     assert distance < critical, (distance, critical)
@@ -121,7 +121,7 @@ def test_verification_steps_laid_out_for_a_graph_emit_the_plain_tokens(overlap: 
     params = SamplingParams(max_tokens=40, temperature=0.5, n=3, seed=11)
     plain = _engine(model, speculative="none", overlap=overlap).generate(PROMPTS, params)
     engine = _engine(model, overlap=overlap, max_num_batched_tokens=128)
-    runner = engine.runner
+    runner = engine.debug_internals().runner
     launch = runner.launch
     padded_steps = []
 
@@ -141,7 +141,7 @@ def test_verification_steps_laid_out_for_a_graph_emit_the_plain_tokens(overlap: 
     assert [r.token_ids for r in fast] == [r.token_ids for r in plain]
     for a, b in zip(fast, plain, strict=True):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
-    assert engine.speculation.accepted > 0
+    assert engine.stats().speculation.accepted > 0
     widths = {width for width, _, _ in padded_steps}
     assert widths == {1, runner.verify_width}, widths
     assert any(real < padded for width, real, padded in padded_steps if width > 1)

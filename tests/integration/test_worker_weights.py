@@ -160,11 +160,11 @@ def test_a_weight_sync_empties_the_prefix_cache(worker) -> None:
     samples = []
     while not samples:
         samples += worker.poll(timeout=30.0)
-    assert worker.engine.block_manager.num_cached_blocks > 0
+    assert worker.engine.stats().cached_kv_blocks > 0
     named = list(tiny_model("llama", seed=99).named_parameters())
     manifest = manifest_for(named, torch.float32, bucket_bytes=16 << 10)
     recorded = _ReplayGroup()
     send_weights(recorded, manifest, named, torch.device("cpu"))
     worker._weight_group = _ReplayGroup(recorded.buckets)
     worker.receive_weights(manifest, version=1)
-    assert worker.engine.block_manager.num_cached_blocks == 0
+    assert worker.engine.stats().cached_kv_blocks == 0

@@ -55,3 +55,110 @@ def test_the_kernels_depend_on_nothing_in_the_engine() -> None:
     for path in kernels:
         engine = {m for m in _rollout_imports(path) if m.startswith("rollout.engine")}
         assert not engine, f"{path.name} imports {engine}: kernels sit below the engine"
+
+
+def _python_files(*folders: str) -> list[Path]:
+    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
+
+
+# The engine's parts behind LLMEngine: read through stats(), changed through its methods.
+_ENGINE_PARTS = {"_scheduler", "_block_manager", "_runner", "_step_loop"}
+
+
+def test_nothing_outside_the_engine_reaches_into_it() -> None:
+    """Code outside rollout/engine/ uses LLMEngine's public interface; tests and benchmarks that
+    look inside a step go through the one debug accessor, which serving code never uses."""
+    engine_dir = ROOT / "rollout" / "engine"
+    outside = [
+        p
+        for p in _python_files("rollout", "trainers", "scripts", "benchmarks", "tests", "examples")
+        if engine_dir not in p.parents
+    ]
+    assert len(outside) > 50
+    reach_ins, debug_uses = [], []
+    for path in outside:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in _ENGINE_PARTS
+                and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+            ):
+                reach_ins.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.attr}")
+            if isinstance(node, ast.Attribute) and node.attr == "debug_internals":
+                debug_uses.append(path.relative_to(ROOT).parts[0])
+    assert not reach_ins, f"reaches into the engine's parts (use stats() or a method): {reach_ins}"
+    assert set(debug_uses) <= {"tests", "benchmarks"}, (
+        "only tests and benchmarks may use LLMEngine.debug_internals()"
+    )
+
+
+def test_weight_sync_is_transport_only() -> None:
+    """rollout/weight_sync moves tensors over a process group: no Ray, no actors, no trainer."""
+    files = _python_files("rollout/weight_sync")
+    assert len(files) > 4
+    for path in files:
+        imported = _rollout_imports(path) | _imports(path)
+        assert not {m for m in imported if m.split(".")[0] in ("ray", "trainers")}, path.name
+        assert not {m for m in imported if m.startswith("rollout.actors")}, path.name
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return found
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_time_edges(path: Path, modules: set[str]) -> set[str]:
+    """The project modules `path` imports when it is imported (its top-level statements; not
+    the imports inside functions or under TYPE_CHECKING). `from package import name` counts as
+    importing the package, and the module `package.name` too when there is one."""
+    edges = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        statements = [node] if isinstance(node, ast.Import | ast.ImportFrom) else []
+        for statement in statements:
+            if isinstance(statement, ast.Import):
+                edges.update(a.name for a in statement.names)
+            elif statement.module and statement.level == 0:
+                edges.add(statement.module)
+                edges.update(f"{statement.module}.{a.name}" for a in statement.names)
+    return edges & modules
+
+
+def test_no_import_circle() -> None:
+    files = _python_files("rollout", "trainers")
+    modules = {_module_name(p): p for p in files}
+    graph = {
+        name: _import_time_edges(path, set(modules)) - {name} for name, path in modules.items()
+    }
+    # A package's __init__ importing its own modules is how packages work: only its own edges
+    # into the package are left out, so a circle through the package from outside still shows.
+    graph = {
+        name: {m for m in edges if not (modules[name].name == "__init__.py" and m.startswith(name))}
+        for name, edges in graph.items()
+    }
+    state: dict[str, str] = {}
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = "open"
+        for nxt in sorted(graph[name]):
+            if state.get(nxt) == "open":
+                cycle = path[path.index(nxt) :] + [nxt] if nxt in path else [name, nxt]
+                raise AssertionError(f"import circle: {' -> '.join(cycle)}")
+            if nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])

@@ -1,4 +1,4 @@
-"""Device time of each step's compute, from event pairs on the compute stream (benchmarks only).
+"""Device time of each step's compute, from event pairs on the compute stream, once measured.
 
 Busy fraction = sum of step device times / wall time. In the overlap loop, step N+1's start event
 fires as soon as step N ends if the host queued it in time, so gaps are exactly device idle time.
@@ -43,3 +43,8 @@ class DeviceTiming:
             start, end = self._pairs.popleft()
             self._cpu_total += start.elapsed_time(end) / 1e3
         return self._cpu_total
+
+    def reset(self) -> None:
+        """Count from zero (steps still on the device are left out)."""
+        self._pairs.clear()
+        self._cpu_total = 0.0
