@@ -98,7 +98,7 @@ def run_multi_turn(engine, prompts, args) -> dict:
     statuses = {e.status for e in episodes}
     if statuses != {"done"}:
         raise SystemExit(f"episodes ended with {statuses}: the benchmark's environment failed")
-    tokens = sum(sum(e.mask) for e in episodes)
+    tokens = sum(sum(e.completion_mask) for e in episodes)
     result = _result("multi-turn", engine, tokens, steps, start, busy0)
     result["tool_s_total"] = sum(sum(e.env.latencies) for e in episodes)
     result["prefix_hit_tokens"] = engine.stats().prefix_hit_tokens - hits0

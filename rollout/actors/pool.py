@@ -159,7 +159,7 @@ class RolloutPool:
 
     def stats(self) -> dict[int, dict[str, float]]:
         """Per live actor metrics (see rollout.actors.metrics.WorkerMetrics)."""
-        return self._on_live_actors("stats")
+        return self._on_live_actors("metrics")
 
     def kill_actor(self, actor: int) -> None:
         """Kill one actor (fault-injection for tests and drills); its groups move elsewhere."""
@@ -242,7 +242,7 @@ class RolloutPool:
         actor = min(live, key=lambda i: self._load[i])
         group.actor = actor
         self._load[actor] += group.cost
-        self.actors[actor].submit.remote([group.request])
+        self.actors[actor].add_groups.remote([group.request])
 
     def _collect(self) -> None:
         ray = self._ray

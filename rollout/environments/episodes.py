@@ -41,11 +41,12 @@ class Episode:
     index: int
     env: Any
     seed: int
-    prompt_ids: list[int] = field(default_factory=list)
+    prompt_token_ids: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
+    completion_mask: list[int] = field(default_factory=list)
+    """1 on the model's tokens, 0 on the environment's."""
     logprobs: list[float] = field(default_factory=list)
-    turns: int = 0
+    num_turns: int = 0
     status: str | None = None
     reward: float | None = None
     error: str | None = None
@@ -128,16 +129,16 @@ class EpisodeRunner:
         episode = group.episodes[index]
         if episode.status is not None:
             return  # aborted meanwhile
-        if episode.turns == 0:
+        if episode.num_turns == 0:
             episode.queue_wait_s = c.queue_wait_s
         if c.finish_reason in ("error", "abort"):
             self._end(episode, c.finish_reason if c.finish_reason == "abort" else "engine_error",
                       error=c.error)  # fmt: skip
             return
         episode.token_ids += c.token_ids
-        episode.mask += [1] * len(c.token_ids)
+        episode.completion_mask += [1] * len(c.token_ids)
         episode.logprobs += c.logprobs
-        episode.turns += 1
+        episode.num_turns += 1
         text = self.engine.tokenizer.decode(c.token_ids, skip_special_tokens=True)
         self._call(episode, episode.env.step, text, group.limits)
 
@@ -207,9 +208,9 @@ class EpisodeRunner:
         except BaseException as err:  # noqa: BLE001 - the environment's failure ends its episode
             self._end(episode, "tool_error", error=f"{type(err).__name__}: {err}")
             return
-        if episode.turns == 0:  # reset: the first prompt
+        if episode.num_turns == 0:  # reset: the first prompt
             try:
-                episode.prompt_ids = self.formatter.prompt_ids(result)
+                episode.prompt_token_ids = self.formatter.prompt_ids(result)
             except Exception as err:  # noqa: BLE001 - the environment's reset gave no prompt
                 self._end(episode, "tool_error", error=(
                     f"reset() returned {type(result).__name__}, not a prompt (text or chat "
@@ -223,7 +224,7 @@ class EpisodeRunner:
         if result.done:
             self._end(episode, "done", reward=float(result.reward))
             return
-        if episode.turns >= group.limits.max_turns:
+        if episode.num_turns >= group.limits.max_turns:
             self._end(episode, "max_turns")
             return
         observation = self.engine.tokenizer(result.observation, add_special_tokens=False)
@@ -232,9 +233,9 @@ class EpisodeRunner:
             self._end(episode, "max_tokens")
             return
         episode.token_ids += observation_ids
-        episode.mask += [0] * len(observation_ids)
+        episode.completion_mask += [0] * len(observation_ids)
         episode.logprobs += [0.0] * len(observation_ids)
-        self._submit(group, [episode], episode.prompt_ids + episode.token_ids)
+        self._submit(group, [episode], episode.prompt_token_ids + episode.token_ids)
 
     def _start_first_turn(self, group: _Group) -> None:
         """Once every reset is back: one request for the group when the prompts agree (they
@@ -245,11 +246,11 @@ class EpisodeRunner:
         if any(e.pending is not None for e in waiting):
             return
         group.started = True
-        if len({tuple(e.prompt_ids) for e in waiting}) == 1:
-            self._submit(group, waiting, waiting[0].prompt_ids)
+        if len({tuple(e.prompt_token_ids) for e in waiting}) == 1:
+            self._submit(group, waiting, waiting[0].prompt_token_ids)
         else:
             for episode in waiting:
-                self._submit(group, [episode], episode.prompt_ids)
+                self._submit(group, [episode], episode.prompt_token_ids)
 
     def _submit(self, group: _Group, episodes: list[Episode], prompt_ids: list[int]) -> None:
         first = episodes[0]
@@ -259,9 +260,9 @@ class EpisodeRunner:
             n=len(episodes),
             max_tokens=max(1, room),
             stop=group.stop,
-            seed=turn_seed(first.seed, first.turns),
+            seed=turn_seed(first.seed, first.num_turns),
         )
-        request_id = f"{group.key}/{first.index}/{first.turns}"
+        request_id = f"{group.key}/{first.index}/{first.num_turns}"
         self._requests[request_id] = (group.key, {j: e.index for j, e in enumerate(episodes)})
         self.engine.add_request(prompt_ids, params, request_id=request_id)
 

@@ -27,7 +27,7 @@ def worker(policy_dir):
 
 
 def _run(worker, groups: list[GroupRequest], timeout: float = 60.0) -> dict:
-    worker.submit(groups)
+    worker.add_groups(groups)
     expected = sum(g.params.n for g in groups)
     samples, deadline = [], time.monotonic() + timeout
     while len(samples) < expected:
@@ -69,7 +69,7 @@ def test_an_episode_is_one_sample_with_the_models_tokens_masked_in(worker, polic
 
 
 def test_a_slow_environment_does_not_hold_up_other_episodes(worker) -> None:
-    worker.submit([_group(1, "SlowFirstEpisode", n=1, row={"slow": True})])
+    worker.add_groups([_group(1, "SlowFirstEpisode", n=1, row={"slow": True})])
     start = time.monotonic()
     fast = _run(worker, [_group(2, "SlowFirstEpisode", n=2)])
     assert time.monotonic() - start < 1.5, "the fast group waited for the slow one's tool"
@@ -109,7 +109,7 @@ def test_an_environment_that_fails_ends_its_episode_with_a_status(worker, env, s
 
 
 def test_aborting_a_group_ends_its_episodes_and_frees_the_engine(worker) -> None:
-    worker.submit([_group(1, "NeverEnds", tool_timeout_s=60)])
+    worker.add_groups([_group(1, "NeverEnds", tool_timeout_s=60)])
     time.sleep(0.5)  # its first turn is done; its tool call hangs
     worker.abort([1])
     samples = []

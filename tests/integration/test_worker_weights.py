@@ -59,19 +59,19 @@ def test_a_sync_that_breaks_part_way_holds_the_engine_until_a_full_sync(worker) 
     send_weights(recorded, manifest, named, torch.device("cpu"))
     assert len(recorded.buckets) > 3
 
-    worker._weight_group = _ReplayGroup(recorded.buckets, fail_at=2)
+    worker.weights.group = _ReplayGroup(recorded.buckets, fail_at=2)
     with pytest.raises(TornWeightsError, match="at bucket 2"):
         worker.receive_weights(manifest, version=1)
 
     prompt = random_prompts((6,), seed=5)[0]
-    worker.submit([GroupRequest(7, prompt, SamplingParams(max_tokens=6, n=2, ignore_eos=True))])
+    worker.add_groups([GroupRequest(7, prompt, SamplingParams(max_tokens=6, n=2, ignore_eos=True))])
     assert worker.poll(timeout=1.0) == []  # torn weights generate nothing
     with pytest.raises(RuntimeError, match="mix of two weight versions"):
         worker.resume()
     with pytest.raises(RuntimeError, match="mix of two weight versions"):
         worker.probe(prompt, max_tokens=2)
 
-    worker._weight_group = _ReplayGroup(recorded.buckets)
+    worker.weights.group = _ReplayGroup(recorded.buckets)
     worker.receive_weights(manifest, version=1)
     worker.resume()
     samples = []
@@ -91,13 +91,13 @@ def test_a_sync_that_breaks_before_any_copy_leaves_the_engine_running(worker) ->
     send_weights(recorded, manifest, named, torch.device("cpu"))
     before = {n: p.clone() for n, p in worker.engine.model.named_parameters()}
 
-    worker._weight_group = _ReplayGroup(recorded.buckets, fail_at=0)
+    worker.weights.group = _ReplayGroup(recorded.buckets, fail_at=0)
     with pytest.raises(RuntimeError, match="at bucket 0") as raised:
         worker.receive_weights(manifest, version=1)
     assert not isinstance(raised.value, TornWeightsError)
     worker.resume()  # the weights are whole: nothing to refuse
     prompt = random_prompts((6,), seed=5)[0]
-    worker.submit([GroupRequest(3, prompt, SamplingParams(max_tokens=4, n=2, ignore_eos=True))])
+    worker.add_groups([GroupRequest(3, prompt, SamplingParams(max_tokens=4, n=2, ignore_eos=True))])
     samples = []
     while len(samples) < 2:
         samples += worker.poll(timeout=30.0)
@@ -113,7 +113,7 @@ def test_a_receive_that_fails_before_the_transfer_releases_the_trainer(worker, m
     import threading
     import time
 
-    from rollout.actors import worker as worker_module
+    from rollout.actors import weight_receiver
     from rollout.weight_sync import WeightGroup, free_port
 
     port, trainer_side = free_port(), {}
@@ -129,7 +129,7 @@ def test_a_receive_that_fails_before_the_transfer_releases_the_trainer(worker, m
     def out_of_memory(*args, **kwargs):
         raise RuntimeError("out of memory allocating the bucket")
 
-    monkeypatch.setattr(worker_module, "receive_weights", out_of_memory)
+    monkeypatch.setattr(weight_receiver, "receive_weights", out_of_memory)
     named = list(tiny_model("llama", seed=99).named_parameters())
     manifest = manifest_for(named, torch.float32, bucket_bytes=16 << 10)
     outcome = {}
@@ -149,14 +149,14 @@ def test_a_receive_that_fails_before_the_transfer_releases_the_trainer(worker, m
     sender.join(timeout=30)
     assert not sender.is_alive(), "the trainer's side is still waiting for the failed engine"
     assert time.perf_counter() - start < 30 and "error" in outcome
-    assert worker._weight_group is None  # the next sync joins a new group
+    assert worker.weights.group is None  # the next sync joins a new group
     worker.resume()  # nothing was copied: the engine runs on
 
 
 def test_a_weight_sync_empties_the_prefix_cache(worker) -> None:
     """KV cached under the old weights must not serve requests after a sync."""
     prompt = random_prompts((30,), seed=6)[0]
-    worker.submit([GroupRequest(1, prompt, SamplingParams(max_tokens=10, ignore_eos=True))])
+    worker.add_groups([GroupRequest(1, prompt, SamplingParams(max_tokens=10, ignore_eos=True))])
     samples = []
     while not samples:
         samples += worker.poll(timeout=30.0)
@@ -165,6 +165,6 @@ def test_a_weight_sync_empties_the_prefix_cache(worker) -> None:
     manifest = manifest_for(named, torch.float32, bucket_bytes=16 << 10)
     recorded = _ReplayGroup()
     send_weights(recorded, manifest, named, torch.device("cpu"))
-    worker._weight_group = _ReplayGroup(recorded.buckets)
+    worker.weights.group = _ReplayGroup(recorded.buckets)
     worker.receive_weights(manifest, version=1)
     assert worker.engine.stats().cached_kv_blocks == 0

@@ -1,0 +1,100 @@
+"""A rollout worker's side of weight sync: its membership of the trainer's process group, the
+weight version its engine holds, whether a broken transfer left it torn, and the parity probe.
+
+Its methods that touch the engine run on the worker's loop thread, between steps (the worker
+hands them over); `raise_if_torn` and `version` may be read from any thread.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+
+import torch
+
+from rollout.engine.llm_engine import LLMEngine
+from rollout.engine.sampling_params import SamplingParams
+from rollout.engine.scheduling.sequence import Completion
+from rollout.weight_sync.group import WeightGroup
+from rollout.weight_sync.manifest import WeightManifest, check_manifest
+from rollout.weight_sync.transfer import TornWeightsError, receive_weights
+
+
+class WeightReceiver:
+    def __init__(self, engine: LLMEngine, worker_id: int) -> None:
+        self.engine = engine
+        self.worker_id = worker_id
+        self.version = 0
+        """The weight version the engine holds (0: the weights it was built with)."""
+        self.torn = False
+        """A sync failed part-way: some parameters are new, some old. The worker runs no step
+        (and makes no sample with such weights) until a sync succeeds."""
+        self.group: WeightGroup | None = None
+        """This engine's end of the trainer's weight-sync group (None: not joined)."""
+        self._probes: dict[str, Future] = {}
+
+    def join(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
+        """Join the trainer's weight-sync process group (blocks until every member joined)."""
+        if backend in ("nccl", "cuda_ipc"):
+            device = self.engine.device
+            if device.type != "cuda":
+                raise ValueError(
+                    f"weight sync over {backend} needs the engine on a GPU; it is on {device}. "
+                    "Use gloo"
+                )
+            # The engine's device may carry no index ("cuda"), which set_device refuses.
+            torch.cuda.set_device(
+                device.index if device.index is not None else torch.cuda.current_device()
+            )
+        self.group = WeightGroup(host, port, rank, world_size, backend)
+
+    def check(self, manifest: WeightManifest) -> None:
+        """Raise (naming the parameters) if a sync with this manifest would not fit the engine."""
+        check_manifest(self.engine.model, manifest)
+
+    def receive(self, manifest: WeightManifest, version: int) -> float:
+        """Receive the trainer's broadcast into the engine (on the loop thread, between steps);
+        returns the seconds it took."""
+        if self.group is None:
+            raise RuntimeError("join_weight_group() first")
+        start = time.perf_counter()
+        try:
+            self.engine.update_weights(lambda model: receive_weights(self.group, manifest, model))
+        except BaseException as err:
+            # Torn by this transfer, or still torn by an earlier one.
+            self.torn = self.torn or isinstance(err, TornWeightsError)
+            # Leave the group: a trainer still sending to this rank then fails at once instead
+            # of waiting out the group's timeout (the pool builds a new group).
+            self.group.close()
+            self.group = None
+            raise
+        self.torn = False
+        self.version = version
+        return time.perf_counter() - start
+
+    def raise_if_torn(self) -> None:
+        if self.torn:
+            raise RuntimeError(
+                f"rollout worker {self.worker_id}: the last weight sync failed part-way, so the "
+                "engine holds a mix of two weight versions; sync the weights again first"
+            )
+
+    # ---- the parity probe: one sampled completion, compared by the trainer with its forward ----
+
+    def add_probe(self, prompt_token_ids: list[int], max_tokens: int, seed: int) -> Future:
+        """Queue a probe request among the running ones (on the loop thread); its Completion
+        resolves the future."""
+        future: Future = Future()
+        request_id = f"probe-{len(self._probes)}-{time.monotonic_ns()}"
+        params = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed)
+        self._probes[request_id] = future
+        self.engine.add_request(prompt_token_ids, params, request_id=request_id)
+        return future
+
+    def claim(self, completion: Completion) -> bool:
+        """Resolve the probe this completion ends, if it is one."""
+        future = self._probes.pop(completion.request_id, None)
+        if future is None:
+            return False
+        future.set_result(completion)
+        return True
