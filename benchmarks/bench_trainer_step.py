@@ -117,9 +117,9 @@ def run(config, out: Path) -> dict:
     from transformers import AutoConfig, AutoTokenizer
 
     from trainers import trl_adapter
-    from trainers.datasets import load_prompt_dataset
-    from trainers.rewards import get_reward_functions
     from trainers.rollout_logging import step_time_split
+    from trainers.task.datasets import load_prompt_dataset
+    from trainers.task.rewards import get_reward_functions
     from trainers.trainer_builder import streaming_trl_args, trl_args
 
     tokenizer = AutoTokenizer.from_pretrained(config.model)

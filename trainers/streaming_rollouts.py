@@ -16,7 +16,7 @@ import numpy as np
 
 from rollout.engine.sampling_params import SamplingParams
 from rollout.prompts import PromptFormatter
-from trainers.scoring import score_group
+from trainers.task.scoring import score_group
 from trainers.trl_adapter import rollout_sample
 
 

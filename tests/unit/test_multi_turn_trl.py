@@ -11,7 +11,7 @@ import pytest
 
 from rollout.actors.messages import CompletedGroup, FinishedSample
 from rollout.engine.sampling_params import SamplingParams
-from trainers.rewards import environment
+from trainers.task.rewards import environment
 
 pytest.importorskip("trl")
 

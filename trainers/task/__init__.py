@@ -1,0 +1,1 @@
+"""What is learned: the prompt datasets, the reward functions and how a group is scored."""
