@@ -5,7 +5,7 @@ run_job(config)
   plan_placement           where the trainer and the actors run (trainers.placement)
   ray_session              join the cluster the job runs in, or start a local Ray
   RolloutPool              the actors, each running an LLMEngine
-  build_trainer            the TRL trainer of the configured mode (trainers.trainer_builder)
+  build_trainer            the TRL trainer of the configured mode (trainers.trl_adapter.builder)
   train                    trainer.train(), with an out-of-memory error that names the knob
   job_summary              summary.json (trainers.summary)
 """
@@ -34,10 +34,10 @@ from trainers.config import JobConfig
 from trainers.console import console_callback, plot_training, quiet_default_printing
 from trainers.placement import plan_placement, ray_sees
 from trainers.preflight import check_inputs
-from trainers.rollout_logging import attach_rollout_logging
 from trainers.stopping import GracefulStop
 from trainers.summary import job_summary
-from trainers.trainer_builder import JobInputs, build_trainer
+from trainers.trl_adapter.builder import JobInputs, build_trainer
+from trainers.trl_adapter.rollout_logging import attach_rollout_logging
 
 
 def run_job(config: JobConfig) -> dict:

@@ -47,7 +47,7 @@ def job_summary(
     """`built`: the BuiltTrainer (trainer, weight transfer, reward log, worker)."""
     import torch
 
-    from trainers.rollout_logging import step_time_split
+    from trainers.trl_adapter.rollout_logging import step_time_split
 
     trainer, transfer, rewards = built.trainer, built.transfer, built.rewards
     if config.trainer.mode == "sync":  # TRL scored the groups itself: read its logged rewards

@@ -72,7 +72,7 @@ def test_cuda_ipc_sync_to_an_actor_sharing_the_trainers_gpu(policy_dir) -> None:
 def _sync_twice_and_compare(policy_dir, gpus_per_actor: float, backend: str, actor_gpu) -> None:
     from rollout import EngineConfig
     from rollout.actors.pool import RolloutPool
-    from trainers.parity import logprob_parity
+    from trainers.trl_adapter.parity import logprob_parity
 
     pool = None
     try:

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainers.parity import ParityProbe
 from trainers.summary import RewardLog
-from trainers.sync_rollouts import WeightsBeforeGeneration
+from trainers.trl_adapter.parity import ParityProbe
+from trainers.trl_adapter.sync import WeightsBeforeGeneration
 
 
 class RecordingTransfer:
@@ -161,7 +161,7 @@ def _group(reasons: list[str]):
 
 
 def test_error_samples_are_counted_and_left_out() -> None:
-    from trainers.streaming_rollouts import PoolRolloutWorker
+    from trainers.trl_adapter.streaming import PoolRolloutWorker
 
     worker = PoolRolloutWorker(None, [], None, [], None, max_inflight_groups=1)
     assert len(worker._usable(_group(["stop", "length"]))) == 2
@@ -171,7 +171,7 @@ def test_error_samples_are_counted_and_left_out() -> None:
 
 
 def test_a_run_whose_first_samples_all_fail_stops_with_the_error() -> None:
-    from trainers.streaming_rollouts import PoolRolloutWorker
+    from trainers.trl_adapter.streaming import PoolRolloutWorker
 
     worker = PoolRolloutWorker(None, [], None, [], None, max_inflight_groups=1)
     with pytest.raises(
@@ -181,7 +181,7 @@ def test_a_run_whose_first_samples_all_fail_stops_with_the_error() -> None:
 
 
 def test_the_dataset_position_is_the_first_untrained_group() -> None:
-    from trainers.streaming_rollouts import PoolRolloutWorker
+    from trainers.trl_adapter.streaming import PoolRolloutWorker
 
     worker = PoolRolloutWorker(None, [], None, [], None, max_inflight_groups=1, start_cursor=10)
     assert worker.dataset_position(set()) == 10

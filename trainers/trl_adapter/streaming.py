@@ -1,7 +1,7 @@
 """The RolloutPool behind TRL's streaming trainer: its rollout worker (prompts -> groups on the
 pool -> rewards and group-normalised advantages -> samples on TRL's queue) and its weight
 transfer (the pool's broadcast, then a logprob parity probe). TRL's own types come through
-`trainers.trl_adapter`, which holds every TRL import."""
+`trainers.trl_adapter.construction`, which holds every TRL import."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy as np
 from rollout.engine.sampling_params import SamplingParams
 from rollout.prompts import PromptFormatter
 from trainers.task.scoring import score_group
-from trainers.trl_adapter import rollout_sample
+from trainers.trl_adapter.construction import rollout_sample
 
 
 class PoolRolloutWorker:

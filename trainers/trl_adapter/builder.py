@@ -16,8 +16,8 @@ from typing import Any
 from rollout.engine.sampling_params import SamplingParams
 from rollout.prompts import PromptFormatter
 from trainers.config import JobConfig
-from trainers.parity import ParityProbe
 from trainers.summary import RewardLog
+from trainers.trl_adapter.parity import ParityProbe
 
 
 @dataclass
@@ -60,11 +60,11 @@ class BuiltTrainer:
 
 
 def build_trainer(job: JobInputs) -> BuiltTrainer:
-    from trainers import streaming_rollouts
+    from trainers.trl_adapter import streaming
 
     t = job.config.trainer
     probe = ParityProbe(job.pool, job.formatter.prompt_ids(job.dataset[0]["prompt"]))
-    transfer = streaming_rollouts.PoolWeightTransfer(job.pool, probe, job.weight_sync_backend)
+    transfer = streaming.PoolWeightTransfer(job.pool, probe, job.weight_sync_backend)
     turn_tokens = job.config.environment.max_turn_tokens  # multi-turn: one model turn's limit
     sampling = SamplingParams(
         max_tokens=min(turn_tokens or t.max_completion_length, t.max_completion_length),
@@ -82,11 +82,11 @@ def build_trainer(job: JobInputs) -> BuiltTrainer:
 
 
 def _streaming_trainer(job: JobInputs, sampling: SamplingParams, transfer, rewards: RewardLog):
-    from trainers import streaming_rollouts, trl_adapter
+    from trainers.trl_adapter import construction, streaming
 
     weights = job.config.reward_weights
 
-    worker = streaming_rollouts.PoolRolloutWorker(
+    worker = streaming.PoolRolloutWorker(
         job.pool,
         job.dataset,
         job.formatter,
@@ -100,18 +100,18 @@ def _streaming_trainer(job: JobInputs, sampling: SamplingParams, transfer, rewar
         episode_limits=job.config.episode_limits(),
     )
     args = trl_args(job.config, job.out, job.on_cpu) | streaming_trl_args(job.config)
-    trainer = trl_adapter.build_async_trainer(
+    trainer = construction.build_async_trainer(
         job.model_path, job.tokenizer, job.dataset, job.reward_funcs, worker, transfer, args
     )
     return trainer, worker
 
 
 def _sync_trainer(job: JobInputs, sampling: SamplingParams, transfer):
-    from trainers import sync_rollouts, trl_adapter
+    from trainers.trl_adapter import construction, sync
 
     config, t = job.config, job.config.trainer
-    before_generation = sync_rollouts.WeightsBeforeGeneration(transfer)
-    rollout_func = sync_rollouts.make_rollout_func(
+    before_generation = sync.WeightsBeforeGeneration(transfer)
+    rollout_func = sync.make_rollout_func(
         job.pool,
         job.formatter,
         sampling,
@@ -128,7 +128,7 @@ def _sync_trainer(job: JobInputs, sampling: SamplingParams, transfer):
     )
     if config.reward_weights is not None:
         args["reward_weights"] = list(config.reward_weights)
-    return trl_adapter.build_sync_trainer(
+    return construction.build_sync_trainer(
         job.model_path, job.tokenizer, job.dataset, job.reward_funcs, rollout_func, args
     )
 

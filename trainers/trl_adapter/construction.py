@@ -1,13 +1,13 @@
 """Everything that touches TRL lives here (tested with trl==1.16.0, pinned in pyproject.toml).
 
 - streaming (default): `trl.experimental.async_grpo.AsyncGRPOTrainer` with our rollout worker
-  and weight transfer (`trainers.streaming_rollouts`: the RolloutPool behind them), whose
+  and weight transfer (`trainers.trl_adapter.streaming`: the RolloutPool behind them), whose
   samples are TRL's `RolloutSample`s (`rollout_sample`);
 - synchronous fallback: `trl.GRPOTrainer(rollout_func=...)` backed by the same pool, with a weight
-  sync before each generation (`trainers.sync_rollouts`).
+  sync before each generation (`trainers.trl_adapter.sync`).
 Three things make AsyncGRPOTrainer run offline and on CPU: its peak-FLOPs probe (CUDA only, feeds
 an MFU metric) is neutralised on CPU; its training attention ("tree_fa3", a Hub kernel) is
-replaced after construction by `trainers.tree_attention`; `token_budget` is always set.
+replaced after construction by `trainers.trl_adapter.tree_attention`; `token_budget` is always set.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from trainers.tree_attention import TREE_ATTENTION_NAME, register_tree_attention
+from trainers.trl_adapter.tree_attention import TREE_ATTENTION_NAME, register_tree_attention
 
 TRL_VERSION = "1.16.0"
 
@@ -68,7 +68,7 @@ def build_async_trainer(
     args: dict,
 ):
     """AsyncGRPOTrainer wired to a rollout worker and a weight transfer that follow TRL's
-    protocols (the job's: `trainers.streaming_rollouts`), its attention swapped for ours."""
+    protocols (the job's: `trainers.trl_adapter.streaming`), its attention swapped for ours."""
     import torch
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
     from trl.experimental.async_grpo import async_grpo_trainer as trainer_module
