@@ -11,13 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollout.engine.sampling_params import SamplingParams
 from rollout.prompts import PromptFormatter
-from trainers.config import JobConfig
-from trainers.summary import RewardLog
 from trainers.trl_adapter.parity import ParityProbe
+
+if TYPE_CHECKING:  # trainers.job imports this module: at run time, only inside functions
+    from trainers.job.config import JobConfig
+    from trainers.job.summary import RewardLog
 
 
 @dataclass
@@ -60,6 +62,7 @@ class BuiltTrainer:
 
 
 def build_trainer(job: JobInputs) -> BuiltTrainer:
+    from trainers.job.summary import RewardLog
     from trainers.trl_adapter import streaming
 
     t = job.config.trainer
@@ -153,7 +156,7 @@ def trl_args(config: JobConfig, out: Path, on_cpu: bool) -> dict:
         run_name=out.name,
         seed=config.seed,
         # Checkpoints: transformers' own (model, optimizer, scheduler, step, RNG states); the
-        # rollout side's state is added by trainers.checkpoints.
+        # rollout side's state is added by trainers.job.checkpoints.
         save_strategy="steps" if config.save_steps else "no",
         save_steps=config.save_steps or 1,
         save_total_limit=t.save_total_limit,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainers.config import JobConfig, to_dict
+from trainers.job.config import JobConfig, to_dict
 
 
 @dataclass

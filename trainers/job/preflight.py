@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainers.config import JobConfig
+from trainers.job.config import JobConfig
 
 
 class JobInputError(ValueError):
