@@ -78,7 +78,7 @@ class ReadyRollouts:
         pass
 
     def _run(self) -> None:
-        from trainers.trl_adapter.construction import rollout_sample
+        from trainers.trl_adapter.streaming import rollout_sample
 
         t = self.config.trainer
         group_id = 0
@@ -118,16 +118,16 @@ def run(config, out: Path) -> dict:
 
     from trainers.task.datasets import load_prompt_dataset
     from trainers.task.rewards import get_reward_functions
-    from trainers.trl_adapter import construction
-    from trainers.trl_adapter.builder import streaming_trl_args, trl_args
+    from trainers.trl_adapter.args import trl_args
     from trainers.trl_adapter.rollout_logging import step_time_split
+    from trainers.trl_adapter.streaming import build_async_trainer, streaming_trl_args
 
     tokenizer = AutoTokenizer.from_pretrained(config.model)
     vocab = AutoConfig.from_pretrained(config.model).vocab_size
     worker = ReadyRollouts(config, min(vocab, len(tokenizer)))
     args = trl_args(config, out, on_cpu=not torch.cuda.is_available())
     args.update(streaming_trl_args(config), report_to=[])
-    trainer = construction.build_async_trainer(
+    trainer = build_async_trainer(
         config.model, tokenizer, load_prompt_dataset("arithmetic", 64, 0),
         get_reward_functions(list(config.rewards)), worker, NoWeightSync(), args,
     )  # fmt: skip

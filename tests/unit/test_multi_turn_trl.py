@@ -42,7 +42,7 @@ class _Pool:
 
 
 def test_the_streaming_sample_masks_the_environments_tokens() -> None:
-    from trainers.trl_adapter.construction import rollout_sample
+    from trainers.trl_adapter.streaming import rollout_sample
 
     s = _sample(0, 0)
     row = rollout_sample("q", "a", s.prompt_token_ids, s.token_ids, s.logprobs, 1.0, 0, 0, {},
