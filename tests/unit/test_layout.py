@@ -55,3 +55,30 @@ def test_the_kernels_depend_on_nothing_in_the_engine() -> None:
     for path in kernels:
         engine = {m for m in _rollout_imports(path) if m.startswith("rollout.engine")}
         assert not engine, f"{path.name} imports {engine}: kernels sit below the engine"
+
+
+def _imports_trl(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        if any(name == "trl" or name.startswith("trl.") for name in names):
+            return True
+    return False
+
+
+def test_only_the_trl_adapter_imports_trl() -> None:
+    adapter = ROOT / "trainers" / "trl_adapter"
+    assert any(_imports_trl(path) for path in adapter.glob("*.py"))
+    sources = [
+        path
+        for folder in ("rollout", "trainers", "scripts", "examples")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if adapter not in path.parents
+    ]
+    assert len(sources) > 20
+    outside = [str(p.relative_to(ROOT)) for p in sources if _imports_trl(p)]
+    assert not outside, f"{outside} import trl: TRL belongs in trainers/trl_adapter/"
