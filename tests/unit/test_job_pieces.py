@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainers.job.summary import RewardLog
+from trainers.trl_adapter.builder import RewardLog
 from trainers.trl_adapter.parity import ParityProbe
 from trainers.trl_adapter.sync import WeightsBeforeGeneration
 

@@ -36,8 +36,7 @@ from trainers.job.placement import plan_placement, ray_sees
 from trainers.job.preflight import check_inputs
 from trainers.job.stopping import GracefulStop
 from trainers.job.summary import job_summary
-from trainers.trl_adapter.builder import JobInputs, build_trainer
-from trainers.trl_adapter.rollout_logging import attach_rollout_logging
+from trainers.trl_adapter import JobInputs, attach_rollout_logging, build_trainer
 
 
 def run_job(config: JobConfig) -> dict:
@@ -128,8 +127,6 @@ def attach_callbacks(built, pool, config: JobConfig, stop: GracefulStop):
     transformers' dicts, the stop on a signal, and the rollout state in every checkpoint;
     returns the last, whose `saves` time each checkpoint."""
     trainer = built.trainer
-    if hasattr(trainer, "model_version"):  # the streaming trainer counts versions like the pool
-        trainer.model_version = pool.version
     attach_rollout_logging(trainer, pool, built.transfer)
     quiet_default_printing(trainer)
     trainer.add_callback(console_callback(config.trainer.max_steps))

@@ -10,7 +10,7 @@ sampling settings, the weight transfer and its parity probe), then the mode's ow
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +19,8 @@ from rollout.prompts import PromptFormatter
 from trainers.trl_adapter.parity import ParityProbe
 from trainers.trl_adapter.weight_sync import PoolWeightTransfer
 
-if TYPE_CHECKING:  # trainers.job imports this module: at run time, only inside functions
+if TYPE_CHECKING:  # trainers.job imports this package: no trainers.job import at run time
     from trainers.job.config import JobConfig
-    from trainers.job.summary import RewardLog
 
 
 @dataclass
@@ -43,6 +42,32 @@ class JobInputs:
 
 
 @dataclass
+class RewardLog:
+    """Mean reward of every scored group, with the weight version it was generated under."""
+
+    groups: list[tuple[int, float, int]] = field(default_factory=list)  # (version, reward, tokens)
+
+    def add(self, event: dict) -> None:
+        group = event["group"]
+        tokens = sum(len(s.token_ids) for s in group.samples)
+        self.groups.append((group.weight_versions[0], float(event["rewards"].mean()), tokens))
+
+    def mean_at(self, first: bool) -> float | None:
+        if not self.groups:
+            return None
+        versions = [v for v, _, _ in self.groups]
+        target = min(versions) if first else max(versions)
+        values = [r for v, r, _ in self.groups if v == target]
+        return sum(values) / len(values)
+
+    def read_from_trl_log(self, log_history: list[dict]) -> None:
+        """trl.GRPOTrainer scores the groups itself: take its logged mean reward per step."""
+        self.groups = [
+            (i, entry["reward"], 0) for i, entry in enumerate(log_history) if "reward" in entry
+        ]
+
+
+@dataclass
 class BuiltTrainer:
     trainer: Any
     transfer: Any
@@ -56,7 +81,15 @@ class BuiltTrainer:
         keeps the position, as in sync mode)."""
         if self.worker is None:
             return None
+        # AsyncGRPOTrainer's own (private) record of the groups it has trained on.
         return self.worker.dataset_position(self.trainer._trained_groups)
+
+    def reward_log(self) -> RewardLog:
+        """The mean reward of the groups trained on: scored by the worker in streaming mode;
+        in sync mode trl.GRPOTrainer scored them itself, so they are read from its log."""
+        if self.worker is None:
+            self.rewards.read_from_trl_log(self.trainer.state.log_history)
+        return self.rewards
 
     @property
     def error_samples(self) -> int:
@@ -64,8 +97,6 @@ class BuiltTrainer:
 
 
 def build_trainer(job: JobInputs) -> BuiltTrainer:
-    from trainers.job.summary import RewardLog
-
     # The modes' modules import torch and TRL: only once a trainer is built.
     from trainers.trl_adapter import streaming, sync
 

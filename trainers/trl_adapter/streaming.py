@@ -29,8 +29,7 @@ from trainers.trl_adapter.tree_attention import TREE_ATTENTION_NAME, register_tr
 
 if TYPE_CHECKING:
     from trainers.job.config import JobConfig
-    from trainers.job.summary import RewardLog
-    from trainers.trl_adapter.builder import JobInputs
+    from trainers.trl_adapter.builder import JobInputs, RewardLog
 
 
 def trainer_for_job(job: JobInputs, sampling: SamplingParams, transfer, rewards: RewardLog):
@@ -55,6 +54,9 @@ def trainer_for_job(job: JobInputs, sampling: SamplingParams, transfer, rewards:
     trainer = build_async_trainer(
         job.model_path, job.tokenizer, job.dataset, job.reward_funcs, worker, transfer, args
     )
+    # The trainer counts weight versions like the pool: a resumed run continues them, so the
+    # staleness of its samples is counted as before.
+    trainer.model_version = job.pool.version
     return trainer, worker
 
 
