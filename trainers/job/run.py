@@ -5,7 +5,7 @@ run_job(config)
   plan_placement           where the trainer and the actors run (trainers.job.placement)
   ray_session              join the cluster the job runs in, or start a local Ray
   RolloutPool              the actors, each running an LLMEngine
-  build_trainer            the TRL trainer of the configured mode (trainers.trl_adapter.builder)
+  build_trainer            the TRL trainer of the configured mode (trainers.trl_adapter)
   train                    trainer.train(), with an out-of-memory error that names the knob
   job_summary              summary.json (trainers.job.summary)
 """
