@@ -97,7 +97,7 @@ class BuiltTrainer:
 
 
 def build_trainer(job: JobInputs) -> BuiltTrainer:
-    # The modes' modules import torch and TRL: only once a trainer is built.
+    # Imported here, once the job has set the environment defaults: streaming.py imports torch.
     from trainers.trl_adapter import streaming, sync
 
     t = job.config.trainer
