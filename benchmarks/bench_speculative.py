@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     from benchmarks.lib.report import commit_id
     from rollout.builtin_models import smollm2_path
     from rollout.prompts import PromptFormatter
-    from trainers.datasets import arithmetic_dataset
+    from trainers.task.datasets import arithmetic_dataset
 
     model_path = str(smollm2_path()) if args.model == "smollm2" else args.model
     from transformers import AutoTokenizer

@@ -10,7 +10,7 @@ arguments, same attention), but its samples come from a thread that makes full-l
 completions, with the prompt shared by each group, as fast as the trainer takes them, and weight
 sync is skipped. So this is the trainer's side of the job alone: what a trainer with a GPU of its
 own spends per optimizer step when rollouts are never late. It reports the median step time and
-TRL's split of it (`other`: none of TRL's timers; see trainers/rollout_logging.py), trained
+TRL's split of it (`other`: none of TRL's timers; see trainers/trl_adapter/rollout_logging.py), trained
 tokens per second and the peak GPU memory. The model's weights are random, so the loss means
 nothing; shapes, memory and times are the real ones.
 
@@ -78,7 +78,7 @@ class ReadyRollouts:
         pass
 
     def _run(self) -> None:
-        from trainers.trl_adapter import rollout_sample
+        from trainers.trl_adapter.streaming import rollout_sample
 
         t = self.config.trainer
         group_id = 0
@@ -116,18 +116,18 @@ def run(config, out: Path) -> dict:
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
-    from trainers import trl_adapter
-    from trainers.datasets import load_prompt_dataset
-    from trainers.rewards import get_reward_functions
-    from trainers.rollout_logging import step_time_split
-    from trainers.trainer_builder import streaming_trl_args, trl_args
+    from trainers.task.datasets import load_prompt_dataset
+    from trainers.task.rewards import get_reward_functions
+    from trainers.trl_adapter.args import trl_args
+    from trainers.trl_adapter.rollout_logging import step_time_split
+    from trainers.trl_adapter.streaming import build_async_trainer, streaming_trl_args
 
     tokenizer = AutoTokenizer.from_pretrained(config.model)
     vocab = AutoConfig.from_pretrained(config.model).vocab_size
     worker = ReadyRollouts(config, min(vocab, len(tokenizer)))
     args = trl_args(config, out, on_cpu=not torch.cuda.is_available())
     args.update(streaming_trl_args(config), report_to=[])
-    trainer = trl_adapter.build_async_trainer(
+    trainer = build_async_trainer(
         config.model, tokenizer, load_prompt_dataset("arithmetic", 64, 0),
         get_reward_functions(list(config.rewards)), worker, NoWeightSync(), args,
     )  # fmt: skip
@@ -157,7 +157,7 @@ def run(config, out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     from benchmarks.lib.report import commit_id
-    from trainers.config import load_config
+    from trainers.job.config import load_config
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -9,7 +9,7 @@ generated arithmetic problems, starts Ray locally, logs to W&B offline under the
 directory, prints one line per step, and writes checkpoints, <output_dir>/final_model,
 summary.json and training.png. Ctrl-C stops after the current step with a checkpoint;
 trainer.resume_from_checkpoint=latest continues. Overrides are dotted.key=value pairs over the
-config file (see trainers/config.py for every key).
+config file (see trainers/job/config.py for every key).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. trainer.max_steps=4")
     args = parser.parse_args(argv)
 
-    from trainers.config import load_config
     from trainers.job import run_job
-    from trainers.preflight import JobInputError
+    from trainers.job.config import load_config
+    from trainers.job.preflight import JobInputError
 
     try:
         config = load_config(args.config, args.overrides)

@@ -21,8 +21,8 @@ pytest.importorskip("trl")
 @pytest.mark.parametrize("policy", ["policy_dir", "moe_policy_dir"])
 def test_three_grpo_steps_with_an_actor_on_the_gpu(tmp_path, policy, prompts_file, request) -> None:
     """A dense and an MoE policy (the actor runs the MoE experts with the fused kernel)."""
-    from trainers.config import load_config
     from trainers.job import run_job
+    from trainers.job.config import load_config
 
     policy_dir = request.getfixturevalue(policy)
 
@@ -54,7 +54,7 @@ def test_three_grpo_steps_with_an_actor_on_the_gpu(tmp_path, policy, prompts_fil
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_nccl_sync_to_an_actor_on_another_gpu(policy_dir) -> None:
-    from trainers.placement import ray_sees
+    from trainers.job.placement import ray_sees
 
     with ray_sees([1]):  # the actor on GPU 1, the trainer keeps GPU 0 (as the job places them)
         ray.init(address="local", num_gpus=1, include_dashboard=False, configure_logging=False)
@@ -62,7 +62,7 @@ def test_nccl_sync_to_an_actor_on_another_gpu(policy_dir) -> None:
 
 
 def test_cuda_ipc_sync_to_an_actor_sharing_the_trainers_gpu(policy_dir) -> None:
-    from trainers.placement import ray_sees
+    from trainers.job.placement import ray_sees
 
     with ray_sees([0]):  # the actor on GPU 0 with the trainer, as the job places them on one GPU
         ray.init(address="local", num_gpus=1, include_dashboard=False, configure_logging=False)
@@ -72,7 +72,7 @@ def test_cuda_ipc_sync_to_an_actor_sharing_the_trainers_gpu(policy_dir) -> None:
 def _sync_twice_and_compare(policy_dir, gpus_per_actor: float, backend: str, actor_gpu) -> None:
     from rollout import EngineConfig
     from rollout.actors.pool import RolloutPool
-    from trainers.parity import logprob_parity
+    from trainers.trl_adapter.parity import logprob_parity
 
     pool = None
     try:

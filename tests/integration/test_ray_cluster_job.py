@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).parent / "ray")
 _OWN_RAY = """
 import ray
-from trainers.config import JobConfig
-from trainers.job import ray_session
-from trainers.placement import plan_placement
+from trainers.job.config import JobConfig
+from trainers.job.run import ray_session
+from trainers.job.placement import plan_placement
 config = JobConfig()
 # The one-GPU placement: a Ray started here is given the GPU count, which a join refuses.
 with ray_session(config, plan_placement(config.rollout, 1)):

@@ -13,8 +13,8 @@ pytest.importorskip("trl")
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["streaming", "sync"])
 def test_two_grpo_steps_through_ray_actors(tmp_path, policy_dir, prompts_file, mode) -> None:
-    from trainers.config import load_config
     from trainers.job import run_job
+    from trainers.job.config import load_config
 
     config = load_config(
         None,
@@ -54,8 +54,8 @@ def test_two_grpo_steps_through_ray_actors(tmp_path, policy_dir, prompts_file, m
 def test_an_moe_policy_trains_with_speculating_actors(tmp_path, moe_policy_dir, prompts_file):
     """A Qwen3-MoE policy (its 3-D expert weights synced by name like any other) with n-gram
     speculation in the actor: the parity probe holds after every sync."""
-    from trainers.config import load_config
     from trainers.job import run_job
+    from trainers.job.config import load_config
 
     config = load_config(
         None,
@@ -83,8 +83,8 @@ def test_an_moe_policy_trains_with_speculating_actors(tmp_path, moe_policy_dir, 
 def test_multi_turn_episodes_train_in_both_modes(tmp_path, policy_dir, prompts_file, mode):
     """Episodes of a test environment (two tool outputs, then a reward of 0.5) through the
     actors into TRL: the environment's tokens masked out, its reward the only one."""
-    from trainers.config import load_config
     from trainers.job import run_job
+    from trainers.job.config import load_config
 
     config = load_config(
         None,
@@ -110,7 +110,7 @@ def test_multi_turn_episodes_train_in_both_modes(tmp_path, policy_dir, prompts_f
 
 
 def _tiny_job(tmp_path, policy_dir, prompts_file, name: str, *extra: str):
-    from trainers.config import load_config
+    from trainers.job.config import load_config
 
     return load_config(
         None,
@@ -224,7 +224,7 @@ def test_prompts_longer_than_the_engine_are_refused_at_start(
     tmp_path, policy_dir, prompts_file
 ) -> None:
     from trainers.job import run_job
-    from trainers.preflight import JobInputError
+    from trainers.job.preflight import JobInputError
 
     config = _tiny_job(
         tmp_path, policy_dir, prompts_file, "short",

@@ -9,7 +9,7 @@ import re
 import datasets  # noqa: E402
 import pytest
 
-from trainers.datasets import (  # noqa: E402
+from trainers.task.datasets import (  # noqa: E402
     _TEMPLATES,
     ANSWER_INSTRUCTION,
     arithmetic_dataset,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainers.config import JobConfig, load_config
+from trainers.job.config import JobConfig, load_config
 
 
 def test_defaults_are_the_cpu_demo() -> None:

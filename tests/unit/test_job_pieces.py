@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainers.parity import ParityProbe
-from trainers.summary import RewardLog
-from trainers.sync_rollouts import WeightsBeforeGeneration
+from trainers.trl_adapter.builder import RewardLog
+from trainers.trl_adapter.parity import ParityProbe
+from trainers.trl_adapter.sync import WeightsBeforeGeneration
 
 
 class RecordingTransfer:
@@ -61,7 +61,7 @@ def test_reward_log_reads_first_and_last_version_means() -> None:
 
 
 def test_resume_latest_picks_the_newest_complete_checkpoint(tmp_path) -> None:
-    from trainers.checkpoints import checkpoints, resolve_resume
+    from trainers.job.checkpoints import checkpoints, resolve_resume
 
     for step in (2, 10, 4):
         folder = tmp_path / f"checkpoint-{step}"
@@ -79,8 +79,8 @@ def test_resume_latest_picks_the_newest_complete_checkpoint(tmp_path) -> None:
 
 
 def test_resume_errors_say_what_to_do(tmp_path) -> None:
-    from trainers.checkpoints import resolve_resume
-    from trainers.preflight import JobInputError
+    from trainers.job.checkpoints import resolve_resume
+    from trainers.job.preflight import JobInputError
 
     with pytest.raises(JobInputError, match="no checkpoint under"):
         resolve_resume("latest", tmp_path)
@@ -89,7 +89,7 @@ def test_resume_errors_say_what_to_do(tmp_path) -> None:
 
 
 def test_the_wandb_run_id_is_made_once_per_output_dir(tmp_path) -> None:
-    from trainers.checkpoints import wandb_run_id
+    from trainers.job.checkpoints import wandb_run_id
 
     first = wandb_run_id(tmp_path)
     assert len(first) == 12 and wandb_run_id(tmp_path) == first
@@ -101,7 +101,7 @@ def test_the_wandb_run_id_is_made_once_per_output_dir(tmp_path) -> None:
 
 
 def test_the_step_line_shows_what_a_person_watches() -> None:
-    from trainers.console import step_line
+    from trainers.job.console import step_line
 
     logs = {
         "reward": 0.625,
@@ -130,7 +130,7 @@ class WordFormatter:
 
 
 def _config(*overrides: str):
-    from trainers.config import load_config
+    from trainers.job.config import load_config
 
     return load_config(None, ["rollout.engine={max_model_len: 4}", *overrides])
 
@@ -138,7 +138,7 @@ def _config(*overrides: str):
 def test_too_long_prompts_refuse_the_run_or_are_dropped_when_asked() -> None:
     import datasets
 
-    from trainers.preflight import JobInputError, _fitting_prompts
+    from trainers.job.preflight import JobInputError, _fitting_prompts
 
     rows = datasets.Dataset.from_dict({"prompt": ["a b", "a b c d e", "a b c", "a b c d"]})
     with pytest.raises(
@@ -161,7 +161,7 @@ def _group(reasons: list[str]):
 
 
 def test_error_samples_are_counted_and_left_out() -> None:
-    from trainers.streaming_rollouts import PoolRolloutWorker
+    from trainers.trl_adapter.streaming import PoolRolloutWorker
 
     worker = PoolRolloutWorker(None, [], None, [], None, max_inflight_groups=1)
     assert len(worker._usable(_group(["stop", "length"]))) == 2
@@ -171,7 +171,7 @@ def test_error_samples_are_counted_and_left_out() -> None:
 
 
 def test_a_run_whose_first_samples_all_fail_stops_with_the_error() -> None:
-    from trainers.streaming_rollouts import PoolRolloutWorker
+    from trainers.trl_adapter.streaming import PoolRolloutWorker
 
     worker = PoolRolloutWorker(None, [], None, [], None, max_inflight_groups=1)
     with pytest.raises(
@@ -181,7 +181,7 @@ def test_a_run_whose_first_samples_all_fail_stops_with_the_error() -> None:
 
 
 def test_the_dataset_position_is_the_first_untrained_group() -> None:
-    from trainers.streaming_rollouts import PoolRolloutWorker
+    from trainers.trl_adapter.streaming import PoolRolloutWorker
 
     worker = PoolRolloutWorker(None, [], None, [], None, max_inflight_groups=1, start_cursor=10)
     assert worker.dataset_position(set()) == 10
@@ -189,7 +189,7 @@ def test_the_dataset_position_is_the_first_untrained_group() -> None:
 
 
 def test_yaml_numbers_without_a_dot_are_numbers() -> None:
-    from trainers.config import load_config
+    from trainers.job.config import load_config
 
     config = load_config(None, ["trainer.learning_rate=1e-5"])
     assert config.trainer.learning_rate == 1e-5

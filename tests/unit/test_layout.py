@@ -162,3 +162,30 @@ def test_no_import_circle() -> None:
     for name in sorted(graph):
         if name not in state:
             visit(name, [name])
+
+
+def _imports_trl(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        if any(name == "trl" or name.startswith("trl.") for name in names):
+            return True
+    return False
+
+
+def test_only_the_trl_adapter_imports_trl() -> None:
+    adapter = ROOT / "trainers" / "trl_adapter"
+    assert any(_imports_trl(path) for path in adapter.glob("*.py"))
+    sources = [
+        path
+        for folder in ("rollout", "trainers", "scripts", "examples")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if adapter not in path.parents
+    ]
+    assert len(sources) > 20
+    outside = [str(p.relative_to(ROOT)) for p in sources if _imports_trl(p)]
+    assert not outside, f"{outside} import trl: TRL belongs in trainers/trl_adapter/"

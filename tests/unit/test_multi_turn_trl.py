@@ -11,7 +11,7 @@ import pytest
 
 from rollout.actors.messages import CompletedGroup, FinishedSample
 from rollout.engine.sampling_params import SamplingParams
-from trainers.rewards import environment
+from trainers.task.rewards import environment
 
 pytest.importorskip("trl")
 
@@ -42,7 +42,7 @@ class _Pool:
 
 
 def test_the_streaming_sample_masks_the_environments_tokens() -> None:
-    from trainers.trl_adapter import rollout_sample
+    from trainers.trl_adapter.streaming import rollout_sample
 
     s = _sample(0, 0)
     row = rollout_sample("q", "a", s.prompt_token_ids, s.token_ids, s.logprobs, 1.0, 0, 0, {},
@@ -54,7 +54,7 @@ def test_the_streaming_sample_masks_the_environments_tokens() -> None:
 
 
 def test_the_sync_rollout_func_gives_trl_env_mask_and_env_reward() -> None:
-    from trainers.sync_rollouts import make_rollout_func
+    from trainers.trl_adapter.sync import make_rollout_func
 
     rows = [{"prompt": "w3 w4", "answer": "1"}, {"prompt": "w5 w6", "answer": "2"}]
     pool = _Pool()

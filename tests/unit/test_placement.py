@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainers.config import RolloutConfig
-from trainers.placement import plan_placement, ray_visible_devices
+from trainers.job.config import RolloutConfig
+from trainers.job.placement import plan_placement, ray_visible_devices
 
 
 def test_cpu_uses_cpu_actors_and_gloo() -> None:

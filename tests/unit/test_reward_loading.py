@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trainers.reward_loading import load_reward_function, reward_name, run_to_completion
-from trainers.rewards import REWARD_FUNCTIONS, answer_format, exact_answer
+from trainers.task.reward_loading import load_reward_function, reward_name, run_to_completion
+from trainers.task.rewards import REWARD_FUNCTIONS, answer_format, exact_answer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -77,7 +77,9 @@ def test_a_registered_name_is_the_registered_function() -> None:
 
 
 def test_module_form_imports_the_function(user_package) -> None:
-    assert load_reward_function("trainers.rewards:exact_answer", REWARD_FUNCTIONS) is exact_answer
+    assert (
+        load_reward_function("trainers.task.rewards:exact_answer", REWARD_FUNCTIONS) is exact_answer
+    )
     fn = load_reward_function(f"{user_package}:by_length", REWARD_FUNCTIONS)
     assert fn.__name__ == "by_length" and fn.__module__ == user_package
     # len("ab") + 1 bonus + 2 token ids / 10, then len("abcd") + 0 + 4 / 10.
@@ -201,7 +203,7 @@ def test_an_attribute_that_is_not_callable(tmp_path) -> None:
     assert "THRESHOLD" in message and "not callable (its type is int)" in message
 
 
-@pytest.mark.parametrize("entry", ["trainers.rewards:", ":exact_answer"])
+@pytest.mark.parametrize("entry", ["trainers.task.rewards:", ":exact_answer"])
 def test_an_entry_with_an_empty_side(entry: str) -> None:
     assert "give both sides of the ':'" in _error(entry)
 

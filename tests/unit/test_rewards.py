@@ -11,14 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainers.rewards import (
+from trainers.task.rewards import (
     REWARD_FUNCTIONS,
     answer_format,
     exact_answer,
     get_reward_functions,
     last_number,
 )
-from trainers.scoring import score_group
+from trainers.task.scoring import score_group
 
 
 @pytest.mark.parametrize(
@@ -48,7 +48,7 @@ def test_last_number(text: str, expected: str | None) -> None:
 @settings(max_examples=400, deadline=None)
 @given(text=st.text(alphabet="0123456789,.-ab \n", max_size=80), tail=st.integers(1, 12))
 def test_last_number_read_from_the_end_equals_a_scan_of_the_whole_text(text, tail) -> None:
-    import trainers.rewards as rewards
+    import trainers.task.rewards as rewards
 
     matches = rewards._NUMBER_RE.findall(text)
     expected = rewards._normalise(matches[-1]) if matches else None
@@ -153,7 +153,7 @@ def my_rewards(tmp_path):
 
 def test_get_reward_functions_mixes_the_three_forms_in_order(my_rewards) -> None:
     functions = get_reward_functions(
-        [f"{my_rewards}:polite", "exact_answer", "trainers.rewards:answer_format"]
+        [f"{my_rewards}:polite", "exact_answer", "trainers.task.rewards:answer_format"]
     )
     assert [fn.__name__ for fn in functions] == ["polite", "exact_answer", "answer_format"]
     assert functions[1:] == [exact_answer, answer_format]

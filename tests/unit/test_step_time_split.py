@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainers.rollout_logging import step_time_split
+from trainers.trl_adapter.rollout_logging import step_time_split
 
 
 def test_medians_of_each_part() -> None:

@@ -14,7 +14,7 @@ def test_checkpointing_goes_by_the_installed_name_without_a_deprecation_warning(
     from transformers import TrainingArguments
     from trl import GRPOConfig
 
-    from trainers.trl_adapter import _checkpointing_by_its_name
+    from trainers.trl_adapter.args import _checkpointing_by_its_name
 
     args = {"output_dir": str(tmp_path), "gradient_checkpointing": True, "use_cpu": True}
     renamed = _checkpointing_by_its_name(args)

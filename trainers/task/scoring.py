@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from trainers.reward_loading import reward_name
+from trainers.task.reward_loading import reward_name
 
 
 @dataclass

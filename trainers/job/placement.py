@@ -7,7 +7,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 
-from trainers.config import RolloutConfig
+from trainers.job.config import RolloutConfig
 
 
 @dataclass(frozen=True)

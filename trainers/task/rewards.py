@@ -3,7 +3,7 @@
 Every reward follows TRL's reward-function signature, ``fn(prompts, completions, **kwargs)``,
 where ``kwargs`` carries the dataset's other columns (one value per completion). TRL logs each
 reward under the function's ``__name__``, so the names below are also the registry keys.
-``get_reward_functions`` also takes the user's own rewards (see ``trainers.reward_loading``).
+``get_reward_functions`` also takes the user's own rewards (see ``trainers.task.reward_loading``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from trainers.reward_loading import RewardFunction, load_reward_function, reward_name
+from trainers.task.reward_loading import RewardFunction, load_reward_function, reward_name
 
 # A number as models write it: optional minus, either comma-grouped thousands (1,234,567) or plain
 # digits, then an optional fraction. A minus counts only when no letter or digit precedes it, so

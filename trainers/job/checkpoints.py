@@ -30,7 +30,7 @@ def checkpoints(out: Path) -> list[Path]:
 def resolve_resume(setting: str | None, out: Path) -> Path | None:
     """The checkpoint `trainer.resume_from_checkpoint` names: "latest" (the newest under
     output_dir), a folder, or None. A name that finds nothing is an error that says so."""
-    from trainers.preflight import JobInputError
+    from trainers.job.preflight import JobInputError
 
     if setting is None:
         return None

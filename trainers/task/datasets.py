@@ -1,7 +1,7 @@
 """Prompt datasets for GRPO: built-in generated math problems, local files, or cached hub datasets.
 
 Every dataset returned here has a ``prompt`` column (plain strings or chat lists) and, for the
-built-in generators, an ``answer`` column that ``trainers.rewards.exact_answer`` checks against.
+built-in generators, an ``answer`` column that ``trainers.task.rewards.exact_answer`` checks against.
 """
 
 from __future__ import annotations

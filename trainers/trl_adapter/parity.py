@@ -11,7 +11,7 @@ def logprob_parity(pool, model, prompt_ids: list[int], max_tokens: int = 16) -> 
     """Worst |actor logprob - trainer logprob| over a probe completion (temperature 1)."""
     import torch
 
-    from trainers.tree_attention import TREE_ATTENTION_NAME
+    from trainers.trl_adapter.tree_attention import TREE_ATTENTION_NAME
 
     probe = pool.probe(prompt_ids, max_tokens=max_tokens)
     tokens = probe["token_ids"]

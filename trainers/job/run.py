@@ -2,12 +2,12 @@
 
 run_job(config)
   prepare_run_directory    the environment defaults, W&B inside the run directory
-  plan_placement           where the trainer and the actors run (trainers.placement)
+  plan_placement           where the trainer and the actors run (trainers.job.placement)
   ray_session              join the cluster the job runs in, or start a local Ray
   RolloutPool              the actors, each running an LLMEngine
-  build_trainer            the TRL trainer of the configured mode (trainers.trainer_builder)
+  build_trainer            the TRL trainer of the configured mode (trainers.trl_adapter)
   train                    trainer.train(), with an out-of-memory error that names the knob
-  job_summary              summary.json (trainers.summary)
+  job_summary              summary.json (trainers.job.summary)
 """
 
 from __future__ import annotations
@@ -23,21 +23,20 @@ from pathlib import Path
 from rollout.engine.config import EngineConfig
 from rollout.environment import set_environment_defaults
 from rollout.prompts import PromptFormatter
-from trainers.checkpoints import (
+from trainers.job.checkpoints import (
     checkpoints,
     read_rollout_state,
     resolve_resume,
     rollout_state_callback,
     wandb_run_id,
 )
-from trainers.config import JobConfig
-from trainers.console import console_callback, plot_training, quiet_default_printing
-from trainers.placement import plan_placement, ray_sees
-from trainers.preflight import check_inputs
-from trainers.rollout_logging import attach_rollout_logging
-from trainers.stopping import GracefulStop
-from trainers.summary import job_summary
-from trainers.trainer_builder import JobInputs, build_trainer
+from trainers.job.config import JobConfig
+from trainers.job.console import console_callback, plot_training, quiet_default_printing
+from trainers.job.placement import plan_placement, ray_sees
+from trainers.job.preflight import check_inputs
+from trainers.job.stopping import GracefulStop
+from trainers.job.summary import job_summary
+from trainers.trl_adapter import JobInputs, attach_rollout_logging, build_trainer
 
 
 def run_job(config: JobConfig) -> dict:
@@ -128,8 +127,6 @@ def attach_callbacks(built, pool, config: JobConfig, stop: GracefulStop):
     transformers' dicts, the stop on a signal, and the rollout state in every checkpoint;
     returns the last, whose `saves` time each checkpoint."""
     trainer = built.trainer
-    if hasattr(trainer, "model_version"):  # the streaming trainer counts versions like the pool
-        trainer.model_version = pool.version
     attach_rollout_logging(trainer, pool, built.transfer)
     quiet_default_printing(trainer)
     trainer.add_callback(console_callback(config.trainer.max_steps))

@@ -3,37 +3,10 @@ step time split and memory. Written to <output_dir>/summary.json and printed."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainers.config import JobConfig, to_dict
-
-
-@dataclass
-class RewardLog:
-    """Mean reward of every scored group, with the weight version it was generated under."""
-
-    groups: list[tuple[int, float, int]] = field(default_factory=list)  # (version, reward, tokens)
-
-    def add(self, event: dict) -> None:
-        group = event["group"]
-        tokens = sum(len(s.token_ids) for s in group.samples)
-        self.groups.append((group.weight_versions[0], float(event["rewards"].mean()), tokens))
-
-    def mean_at(self, first: bool) -> float | None:
-        if not self.groups:
-            return None
-        versions = [v for v, _, _ in self.groups]
-        target = min(versions) if first else max(versions)
-        values = [r for v, r, _ in self.groups if v == target]
-        return sum(values) / len(values)
-
-    def read_from_trl_log(self, log_history: list[dict]) -> None:
-        """The sync mode's TRL scores the groups itself: take its logged mean reward per step."""
-        self.groups = [
-            (i, entry["reward"], 0) for i, entry in enumerate(log_history) if "reward" in entry
-        ]
+from trainers.job.config import JobConfig, to_dict
 
 
 def job_summary(
@@ -47,11 +20,9 @@ def job_summary(
     """`built`: the BuiltTrainer (trainer, weight transfer, reward log, worker)."""
     import torch
 
-    from trainers.rollout_logging import step_time_split
+    from trainers.trl_adapter import step_time_split
 
-    trainer, transfer, rewards = built.trainer, built.transfer, built.rewards
-    if config.trainer.mode == "sync":  # TRL scored the groups itself: read its logged rewards
-        rewards.read_from_trl_log(trainer.state.log_history)
+    trainer, transfer, rewards = built.trainer, built.transfer, built.reward_log()
 
     tokens = sum(s["total_tokens"] for s in actor_stats.values())
     history = transfer.history

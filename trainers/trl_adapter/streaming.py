@@ -1,7 +1,14 @@
-"""The RolloutPool behind TRL's streaming trainer: its rollout worker (prompts -> groups on the
-pool -> rewards and group-normalised advantages -> samples on TRL's queue) and its weight
-transfer (the pool's broadcast, then a logprob parity probe). TRL's own types come through
-`trainers.trl_adapter`, which holds every TRL import."""
+"""Streaming mode (`trainer.mode=streaming`, the default): TRL's `AsyncGRPOTrainer` fed by the
+RolloutPool as groups finish.
+
+`trainer_for_job` wires it: a `PoolRolloutWorker` (prompts -> groups on the pool -> rewards and
+group-normalised advantages -> TRL `RolloutSample`s on the trainer's queue) and the pool's weight
+transfer (`weight_sync.py`), which the trainer calls every `weight_sync_steps`.
+
+Three things make AsyncGRPOTrainer run offline and on CPU: its peak-FLOPs probe (CUDA only, feeds
+an MFU metric) is neutralised on CPU; its training attention ("tree_fa3", a Hub kernel) is
+replaced after construction by `tree_attention.py`; `token_budget` is always set.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +16,93 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rollout.engine.sampling_params import SamplingParams
 from rollout.prompts import PromptFormatter
-from trainers.scoring import score_group
-from trainers.trl_adapter import rollout_sample
+from trainers.task.scoring import score_group
+from trainers.trl_adapter.args import trl_args, trl_config
+from trainers.trl_adapter.tree_attention import TREE_ATTENTION_NAME, register_tree_attention
+
+if TYPE_CHECKING:
+    from trainers.job.config import JobConfig
+    from trainers.trl_adapter.builder import JobInputs, RewardLog
+
+
+def trainer_for_job(job: JobInputs, sampling: SamplingParams, transfer, rewards: RewardLog):
+    """The job's AsyncGRPOTrainer and the PoolRolloutWorker that feeds it; `rewards` records
+    every scored group."""
+    weights = job.config.reward_weights
+
+    worker = PoolRolloutWorker(
+        job.pool,
+        job.dataset,
+        job.formatter,
+        job.reward_funcs,
+        sampling,
+        max_inflight_groups=job.config.trainer.prompts_per_step,
+        on_group=rewards.add,
+        start_cursor=job.start_cursor,
+        reward_weights=list(weights) if weights is not None else None,
+        environment=job.config.environment.name,
+        episode_limits=job.config.episode_limits(),
+    )
+    args = trl_args(job.config, job.out, job.on_cpu) | streaming_trl_args(job.config)
+    trainer = build_async_trainer(
+        job.model_path, job.tokenizer, job.dataset, job.reward_funcs, worker, transfer, args
+    )
+    # The trainer counts weight versions like the pool: a resumed run continues them, so the
+    # staleness of its samples is counted as before.
+    trainer.model_version = job.pool.version
+    return trainer, worker
+
+
+def streaming_trl_args(config: JobConfig) -> dict:
+    """What AsyncGRPOConfig takes on top of `trl_args`."""
+    t = config.trainer
+    return dict(
+        max_staleness=t.max_staleness,
+        weight_sync_steps=t.weight_sync_steps,
+        token_budget=config.token_budget,
+        dtype=t.dtype,
+    )
+
+
+def build_async_trainer(
+    model_path: str,
+    tokenizer,
+    dataset,
+    reward_funcs: list[Callable],
+    worker: Any,
+    transfer: Any,
+    args: dict,
+):
+    """AsyncGRPOTrainer wired to a rollout worker and a weight transfer that follow TRL's
+    protocols (the job's: `PoolRolloutWorker`, `weight_sync.PoolWeightTransfer`), its attention
+    swapped for ours."""
+    import torch
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+    from trl.experimental.async_grpo import async_grpo_trainer as trainer_module
+
+    config = trl_config(AsyncGRPOConfig, args)
+    if not torch.cuda.is_available():
+        # Feeds only the MFU metric and asks for a CUDA device: meaningless on CPU.
+        trainer_module.get_peak_flops_per_device = lambda *a, **k: float("inf")  # MFU reads 0
+    trainer = AsyncGRPOTrainer(
+        model=model_path,
+        reward_funcs=reward_funcs,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        rollout_worker=worker,
+        weight_transfer=transfer,
+    )
+    register_tree_attention()
+    trainer.model.set_attn_implementation(TREE_ATTENTION_NAME)
+    return trainer
 
 
 class PoolRolloutWorker:
@@ -190,31 +275,35 @@ class PoolRolloutWorker:
         return samples
 
 
-class PoolWeightTransfer:
-    """AsyncGRPOTrainer's weight transfer: the pool's broadcast, then a logprob parity probe."""
+def rollout_sample(
+    prompt,
+    completion,
+    prompt_ids: list[int],
+    completion_ids: list[int],
+    logprobs: list[float],
+    advantage: float,
+    version: int,
+    group_id: int,
+    metrics: dict,
+    completion_mask: list[int] | None = None,
+):
+    """One TRL `RolloutSample`: the loss covers the completion tokens (those of
+    `completion_mask`, when a multi-turn episode interleaves the environment's), scored with the
+    actor's logprobs (the prompt's are never used)."""
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
-    def __init__(
-        self, pool, parity_check: Callable[[], float] | None = None, backend: str = "gloo"
-    ) -> None:
-        self.pool = pool
-        self.parity_check = parity_check
-        self.backend = backend
-        self.history: list[dict] = []
-
-    def init_weight_transfer(self) -> None:
-        pass  # the pool builds its group on the first sync
-
-    def pause(self) -> None:
-        self.pool.pause()
-
-    def send_weights(self, iterator: Iterator[tuple[str, Any]]) -> None:
-        result = self.pool.sync_weights(iterator, backend=self.backend)
-        self.history.append(result)
-
-    def resume(self) -> None:
-        self.pool.resume()
-        if self.parity_check is not None and self.history:
-            self.history[-1]["logprob_max_abs_diff"] = self.parity_check()
-
-    def destroy(self) -> None:
-        pass
+    prompt_len, completion_len = len(prompt_ids), len(completion_ids)
+    mask = completion_mask if completion_mask is not None else [1] * completion_len
+    assert len(mask) == completion_len, "one mask entry per completion token"
+    return RolloutSample(
+        prompt=prompt,
+        completion=completion,
+        input_ids=np.array(prompt_ids + completion_ids, dtype=np.int64),
+        completion_mask=np.array([0] * prompt_len + list(mask), dtype=np.int64),
+        old_log_probs=np.array([0.0] * prompt_len + list(logprobs), dtype=np.float32),
+        advantage=advantage,
+        model_version=version,
+        group_id=group_id,
+        metrics=dict(metrics),
+        enqueued_at=time.time(),
+    )

@@ -1,14 +1,72 @@
-"""The RolloutPool behind trl.GRPOTrainer (`trainer.mode=sync`): its `rollout_func`, and a
-weight sync before each generation that follows an optimizer step."""
+"""Sync mode (`trainer.mode=sync`): trl.GRPOTrainer, whose `rollout_func` asks the RolloutPool
+for each step's groups; generation and training alternate.
+
+`trainer_for_job` wires it: the `rollout_func` (prompts -> groups on the pool -> completions and
+their logprobs; TRL scores them itself), and before each generation that follows an optimizer
+step a weight sync through the pool's weight transfer (`weight_sync.py`).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollout.engine.sampling_params import SamplingParams
 from rollout.prompts import PromptFormatter
+from trainers.trl_adapter.args import trl_args, trl_config
+
+if TYPE_CHECKING:
+    from trainers.job.config import JobConfig
+    from trainers.trl_adapter.builder import JobInputs
+
+
+def trainer_for_job(job: JobInputs, sampling: SamplingParams, transfer):
+    """The job's trl.GRPOTrainer, generating through the pool."""
+    config = job.config
+    before_generation = WeightsBeforeGeneration(transfer)
+    rollout_func = make_rollout_func(
+        job.pool,
+        job.formatter,
+        sampling,
+        before_generation,
+        environment=config.environment.name,
+        rows=job.dataset if config.environment.name else None,
+        episode_limits=config.episode_limits(),
+    )
+    args = trl_args(config, job.out, job.on_cpu) | sync_trl_args(config)
+    return build_sync_trainer(
+        job.model_path, job.tokenizer, job.dataset, job.reward_funcs, rollout_func, args
+    )
+
+
+def sync_trl_args(config: JobConfig) -> dict:
+    """What GRPOConfig takes on top of `trl_args`: trl.GRPOTrainer pads each forward to its
+    longest sample, so a step's samples go in `sync_micro_batch`-sized forwards; it scores the
+    groups itself, so it gets the reward weights."""
+    t = config.trainer
+    samples = t.prompts_per_step * t.num_generations
+    args = dict(
+        per_device_train_batch_size=config.sync_micro_batch,
+        gradient_accumulation_steps=samples // config.sync_micro_batch,
+        model_init_kwargs={"dtype": t.dtype},
+    )
+    if config.reward_weights is not None:
+        args["reward_weights"] = list(config.reward_weights)
+    return args
+
+
+def build_sync_trainer(model_path: str, tokenizer, dataset, reward_funcs, rollout_func, args: dict):
+    from trl import GRPOConfig, GRPOTrainer
+
+    return GRPOTrainer(
+        model=model_path,
+        reward_funcs=reward_funcs,
+        args=trl_config(GRPOConfig, args),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        rollout_func=rollout_func,
+    )
 
 
 class WeightsBeforeGeneration:

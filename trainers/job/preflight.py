@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainers.config import JobConfig
+from trainers.job.config import JobConfig
 
 
 class JobInputError(ValueError):
@@ -65,7 +65,7 @@ def _tokenizer(model_path: str):
 
 
 def _dataset(config: JobConfig):
-    from trainers.datasets import load_prompt_dataset
+    from trainers.task.datasets import load_prompt_dataset
 
     try:
         return load_prompt_dataset(config.dataset.source, config.dataset.num_examples, config.seed)
@@ -74,7 +74,7 @@ def _dataset(config: JobConfig):
 
 
 def _rewards(config: JobConfig) -> list[Callable]:
-    from trainers.rewards import get_reward_functions
+    from trainers.task.rewards import get_reward_functions
 
     try:
         return get_reward_functions(list(config.rewards))

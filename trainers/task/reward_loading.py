@@ -4,7 +4,7 @@ An entry is a registered name ("exact_answer"), "package.module:function" (impor
 "path/to/file.py:function" (loaded from that file; a relative path resolves against the current
 directory). The function has TRL's reward signature, ``fn(prompts, completions, **columns)``,
 and may be ``async def``: such a function comes back wrapped in a plain one that runs it to
-completion, so TRL's GRPOTrainer and ``trainers.scoring.score_group`` call every reward alike.
+completion, so TRL's GRPOTrainer and ``trainers.task.scoring.score_group`` call every reward alike.
 """
 
 from __future__ import annotations

@@ -1,0 +1,17 @@
+"""The GRPO job (`run_job`, in run.py) and the pieces it runs, in order:
+
+- config.py       JobConfig: YAML and dotted overrides
+- preflight.py    the user's inputs, checked before Ray starts
+- placement.py    where the trainer and the rollout actors run
+- checkpoints.py  the checkpoint to resume from, and the rollout side's part of each
+- stopping.py     Ctrl-C and SIGTERM end the run at a step boundary
+- console.py      one line per step, and the training plot
+- summary.py      summary.json
+
+Leaves room for the trainer ranks (FSDP2 over Ray) that come next: their placement on the
+cluster beside the actors' belongs in placement.py, and starting them in run.py.
+"""
+
+from trainers.job.run import run_job
+
+__all__ = ["run_job"]

@@ -1,0 +1,28 @@
+"""The TRL adapter: every import of TRL and every touch of its trainers' internals lives in this
+package (tested with trl==1.16.0, pinned in pyproject.toml).
+
+- builder.py         the job's trainer: picks the mode, builds what both modes share
+- streaming.py       streaming mode: AsyncGRPOTrainer fed by PoolRolloutWorker
+- sync.py            sync mode: trl.GRPOTrainer with a rollout_func on the pool
+- args.py            the TRL arguments both modes share
+- weight_sync.py     the weights to the pool after a step; parity.py checks them
+- tree_attention.py  AsyncGRPOTrainer's packed-row attention without a Hub kernel
+- rollout_logging.py the rollout side in the trainer's logs, and the step time split
+
+Leaves room for LoRA, the next step here: adapters on the trainer's model, set up beside the
+trainer they train in (the trainer ranks that run it are placed by trainers.job).
+"""
+
+from trainers.trl_adapter.builder import BuiltTrainer, JobInputs, build_trainer
+from trainers.trl_adapter.rollout_logging import attach_rollout_logging, step_time_split
+
+TRL_VERSION = "1.16.0"
+
+__all__ = [
+    "TRL_VERSION",
+    "BuiltTrainer",
+    "JobInputs",
+    "attach_rollout_logging",
+    "build_trainer",
+    "step_time_split",
+]
