@@ -32,7 +32,7 @@ from rollout.engine.scheduling.verification import DraftVerification, Speculatio
 
 
 @dataclass
-class Scheduler(DraftVerification, PrefixRegistry):
+class Scheduler(DraftVerification):
     block_manager: BlockManager
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -69,6 +69,7 @@ class Scheduler(DraftVerification, PrefixRegistry):
         width = -(-self.max_model_len // self.block_manager.block_size)
         self.table_rows = np.zeros((self.max_num_seqs, width), dtype=np.int32)
         self._free_rows = list(range(self.max_num_seqs - 1, -1, -1))
+        self._prefix = PrefixRegistry(self.block_manager, self.prefix_caching)
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -95,6 +96,11 @@ class Scheduler(DraftVerification, PrefixRegistry):
             seq.num_forks_pending = 0
             self._finish(seq, "abort", keep=self._num_resolved(seq))
         return hits + unforked
+
+    def reset_prefix_cache(self) -> None:
+        """Forget the cached KV (the weights changed). Sequences running now keep theirs but
+        never offer it to the cache."""
+        self._prefix.reset()
 
     # ---- one step -------------------------------------------------------------------------------
 
@@ -154,12 +160,7 @@ class Scheduler(DraftVerification, PrefixRegistry):
             ):
                 break
             bm = self.block_manager
-            # Leading blocks whose KV is cached (at least the last token is computed here).
-            hits = (
-                bm.match_prefix(self._block_digests(seq, (seq.num_tokens - 1) // bm.block_size))
-                if self.prefix_caching
-                else []
-            )
+            hits = self._prefix.match(seq)  # leading blocks whose KV is cached
             cached = len(hits) * bm.block_size
             # Admit only what fits whole (every chunk of its prompt, or of its recompute after a
             # preemption) with a block of growth left for each running sequence. Otherwise a
@@ -185,10 +186,7 @@ class Scheduler(DraftVerification, PrefixRegistry):
 
         if not plan.chunks:
             return None
-        # Blocks this step computes are registered once it is planned, so only later steps
-        # (ordered after it on the device) can match them.
-        for seq, end in plan.completed_prefills:
-            self._register(seq, end)
+        self._prefix.register_prefills(plan.completed_prefills)
         self._next_step += 1
         return plan
 
@@ -253,7 +251,7 @@ class Scheduler(DraftVerification, PrefixRegistry):
             carry_row = seq.pending_row
         assert PLACEHOLDER not in seq.token_ids[start : end - 1], "placeholder inside a chunk"
         reaches_end = end == len(seq.token_ids)
-        if reaches_end and self.prefix_caching and (num_new > 1 or start < seq.num_prompt_tokens):
+        if reaches_end and (num_new > 1 or start < seq.num_prompt_tokens) and self._prefix.enabled:
             # A prefill's last chunk (not a decode token: a sequence's generated blocks are
             # offered when it ends or is preempted, so a decode step registers nothing).
             plan.completed_prefills.append((seq, end))
@@ -332,8 +330,7 @@ class Scheduler(DraftVerification, PrefixRegistry):
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self._release_row(seq)
-        if self.prefix_caching:  # its recompute may find them still cached
-            self._register(seq, seq.num_computed_tokens)
+        self._prefix.register(seq, seq.num_computed_tokens)  # its recompute may find them
         self.block_manager.free(seq.block_table)
         seq.num_computed_tokens = 0
         seq.status = Status.WAITING
@@ -356,8 +353,8 @@ class Scheduler(DraftVerification, PrefixRegistry):
         return n
 
     def _finish(self, seq: Sequence, reason: str, keep: int) -> None:
-        if self.prefix_caching and seq.block_table:
-            self._register(seq, min(seq.num_computed_tokens, keep))
+        if seq.block_table:
+            self._prefix.register(seq, min(seq.num_computed_tokens, keep))
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
             self._release_row(seq)
