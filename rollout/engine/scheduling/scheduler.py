@@ -19,66 +19,108 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from rollout.engine.scheduling.block_manager import BlockManager
-from rollout.engine.scheduling.ngram_drafts import GroupNgrams
 from rollout.engine.scheduling.prefix_registry import PrefixRegistry
 from rollout.engine.scheduling.sequence import PLACEHOLDER, Sequence, Status
 from rollout.engine.scheduling.step_plan import SampleRow, ScheduledChunk, StepPlan
-from rollout.engine.scheduling.verification import DraftVerification, SpeculationStats
+from rollout.engine.scheduling.verification import Speculation, SpeculationStats
 
 
-@dataclass
-class Scheduler(DraftVerification):
-    block_manager: BlockManager
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-    eos_token_ids: frozenset[int] = frozenset()
-    speculative_tokens: int = 0
-    """Most draft tokens one verification checks (0: no speculation)."""
-    speculative_max_seqs: int = 0
-    """Speculate only while at most this many sequences run."""
-    speculation_max_pause: int = 64
-    """After tries to speculate that gained nothing, the longest wait before the next try, in
-    steps (0: try every step)."""
-    stop_string_hit: Callable[[Sequence], bool] | None = None
-    """Whether a sequence's output now contains one of its `params.stop` strings (the engine's
-    detokenizing check; None: no tokenizer)."""
-    prefix_caching: bool = False
-    """Reuse the cached KV of a request's leading full blocks (block_manager.py)."""
-    waiting: list[Sequence] = field(default_factory=list)
-    running: list[Sequence] = field(default_factory=list)
-    num_preemptions: int = 0
-    num_prefix_hit_tokens: int = 0
-    """Tokens whose KV came from the prefix cache instead of being computed."""
-    speculation: SpeculationStats = field(default_factory=lambda: SpeculationStats())
-    _next_step: int = 0
-    _speculation_misses: int = 0
-    """Tries to speculate in a row that gained nothing (verification.py)."""
-    _speculation_paused_until: int = 0
-    """The first step id that may try to speculate again."""
-    _next_seq_id: int = 1_000_000_000  # forked samples; requests use small ids
-
-    def __post_init__(self) -> None:
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        eos_token_ids: frozenset[int] = frozenset(),
+        speculative_tokens: int = 0,
+        speculative_max_seqs: int = 0,
+        speculation_max_pause: int = 64,
+        stop_string_hit: Callable[[Sequence], bool] | None = None,
+        prefix_caching: bool = False,
+    ) -> None:
+        """`speculative_tokens`: the most drafts one verification checks (0: no speculation),
+        while at most `speculative_max_seqs` sequences run, and after tries that gained
+        nothing at most `speculation_max_pause` steps between tries (0: try every step; all
+        three are Speculation's, verification.py). `stop_string_hit`: whether a sequence's output
+        now contains one of its `params.stop` strings (the engine's detokenizing check; None: no
+        tokenizer). `prefix_caching`: reuse the cached KV of a request's leading full blocks
+        (block_manager.py)."""
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.stop_string_hit = stop_string_hit
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self.num_prefix_hit_tokens = 0
+        """Tokens whose KV came from the prefix cache instead of being computed."""
+        self._speculation = Speculation(
+            block_manager,
+            speculative_tokens,
+            speculative_max_seqs,
+            speculation_max_pause,
+            end_reason=self._end_reason,
+        )
+        self._prefix = PrefixRegistry(block_manager, prefix_caching)
+        self._next_step = 0
+        self._next_seq_id = 1_000_000_000  # forked samples; requests use small ids
         # A numpy mirror of the running sequences' block tables, one row each, updated only when a
         # table changes (every block_size tokens), so a step gathers its tables in one indexing op.
-        width = -(-self.max_model_len // self.block_manager.block_size)
-        self.table_rows = np.zeros((self.max_num_seqs, width), dtype=np.int32)
-        self._free_rows = list(range(self.max_num_seqs - 1, -1, -1))
-        self._prefix = PrefixRegistry(self.block_manager, self.prefix_caching)
+        width = -(-max_model_len // block_manager.block_size)
+        self.table_rows = np.zeros((max_num_seqs, width), dtype=np.int32)
+        self._free_rows = list(range(max_num_seqs - 1, -1, -1))
+
+    # ---- speculation's settings and counts (tests and benchmarks set them after construction) ---
+
+    @property
+    def speculation(self) -> SpeculationStats:
+        return self._speculation.stats
+
+    @speculation.setter
+    def speculation(self, stats: SpeculationStats) -> None:
+        self._speculation.stats = stats
+
+    @property
+    def speculative_tokens(self) -> int:
+        return self._speculation.max_drafts
+
+    @speculative_tokens.setter
+    def speculative_tokens(self, n: int) -> None:
+        self._speculation.max_drafts = n
+
+    @property
+    def speculative_max_seqs(self) -> int:
+        return self._speculation.max_seqs
+
+    @speculative_max_seqs.setter
+    def speculative_max_seqs(self, n: int) -> None:
+        self._speculation.max_seqs = n
+
+    @property
+    def speculation_max_pause(self) -> int:
+        return self._speculation.max_pause
+
+    @speculation_max_pause.setter
+    def speculation_max_pause(self, steps: int) -> None:
+        self._speculation.max_pause = steps
+
+    def wants_speculation(self) -> bool:
+        """Whether the next step verifies drafts where it can (Speculation.wants)."""
+        return self._speculation.wants(len(self.running), self._next_step)
 
     # ---- requests -------------------------------------------------------------------------------
 
     def add(self, seq: Sequence) -> None:
         assert seq.status is Status.WAITING and not seq.block_table
         seq.token_limit = self._token_limit(seq)
-        if self.speculative_tokens:
-            seq.ngrams = GroupNgrams()
-            seq.ngrams.members.append(seq)
+        self._speculation.prepare(seq)
         _insort(self.waiting, seq)
 
     def has_unfinished(self) -> bool:
@@ -114,6 +156,7 @@ class Scheduler(DraftVerification):
         chunks = plan.chunks
         writes_in_place = self.block_manager.writes_in_place
         running = Status.RUNNING
+        speculation = self._speculation
         speculate = self.wants_speculation()
         drafted = False  # whether a sequence was looked up for drafts
         for seq in list(self.running):
@@ -131,12 +174,14 @@ class Scheduler(DraftVerification):
                 and num_tokens > seq.num_prompt_tokens  # decoding, not a prompt's last token
                 and seq.token_ids[-1] != PLACEHOLDER
             ):
-                draft = self._draft(seq, budget)
+                draft = speculation.draft(seq, budget)
                 drafted = True
                 if draft:
                     needed = self._make_room(seq, 1 + len(draft), in_step, plan)
                     if needed >= 0:
-                        budget -= self._add_verification(plan, seq, draft, needed)
+                        if needed:
+                            self._grow(plan, seq, start + 1 + len(draft))
+                        budget -= speculation.add_verification(plan, seq, draft)
                         in_step.add(seq.seq_id)
                     continue
             if num_new == 1 and writes_in_place(seq.block_table, start):
@@ -149,7 +194,7 @@ class Scheduler(DraftVerification):
             in_step.add(seq.seq_id)
 
         if drafted and not plan.speculative:
-            self._speculation_result(plan.step_id, gained=False)  # no draft found
+            speculation.tried(plan.step_id, gained=False)  # no draft found
 
         # Then admissions, unless this step had to preempt (the cache is full: admitting now would
         # only churn, and a just-preempted sequence may still wait for its in-flight token).
@@ -196,7 +241,8 @@ class Scheduler(DraftVerification):
         """Fill the plan's placeholders with sampled tokens; returns sequences that finished."""
         finished = []
         step_id, finished_status = plan.step_id, Status.FINISHED
-        accepted_before = self.speculation.accepted
+        speculation = self._speculation
+        accepted_before = speculation.stats.accepted
         # Python lists: per-element access to numpy arrays would build a scalar object each time.
         for sample, token, logprob in zip(
             plan.rows, token_ids.tolist(), logprobs.tolist(), strict=True
@@ -204,23 +250,22 @@ class Scheduler(DraftVerification):
             seq = sample.seq
             if seq.status is finished_status:  # stopped a step earlier: its extra token is dropped
                 continue
-            if sample.draft_index >= 0:
-                if self._verify(plan, sample, token, logprob):
-                    finished.append(seq)
-                continue
             position = sample.position
-            assert seq.token_ids[position] == PLACEHOLDER, "sampled row without a placeholder"
-            seq.token_ids[position] = token
-            seq.logprobs.append(logprob)
-            if seq.pending_step == step_id:
-                seq.pending_step = seq.pending_row = -1
-            reason = self._end_reason(seq, token, position)
+            if sample.draft_index >= 0:
+                reason = speculation.verify(plan, sample, token, logprob)
+            else:
+                assert seq.token_ids[position] == PLACEHOLDER, "sampled row without a placeholder"
+                seq.token_ids[position] = token
+                seq.logprobs.append(logprob)
+                if seq.pending_step == step_id:
+                    seq.pending_step = seq.pending_row = -1
+                reason = self._end_reason(seq, token, position)
             if reason is None:
                 continue
             self._finish(seq, reason, keep=position + 1)
             finished.append(seq)
         if plan.speculative:
-            self._speculation_result(step_id, gained=self.speculation.accepted > accepted_before)
+            speculation.tried(step_id, gained=speculation.stats.accepted > accepted_before)
         return finished
 
     def _end_reason(self, seq: Sequence, token: int, position: int) -> str | None:
@@ -243,8 +288,7 @@ class Scheduler(DraftVerification):
         end = start + num_new
         assert num_new > 0 and end <= len(seq.token_ids)
         if blocks_needed:  # else the blocks are there and unshared: nothing to allocate or copy
-            plan.block_copies += self.block_manager.append(seq.block_table, start, end)
-            self.table_rows[seq.table_row, : len(seq.block_table)] = seq.block_table
+            self._grow(plan, seq, end)
         carry_row = -1
         if seq.token_ids[end - 1] == PLACEHOLDER:
             assert seq.pending_step == plan.step_id - 1, "placeholder from an older step"
@@ -269,6 +313,13 @@ class Scheduler(DraftVerification):
                 self._append_placeholder(plan, child, chunk_index)
             seq.num_forks_pending = 0
         return num_new
+
+    def _grow(self, plan: StepPlan, seq: Sequence, end: int) -> None:
+        """Give seq's block table what its tokens up to `end` need (new blocks, copies of shared
+        ones the step writes into) and mirror it in its table row."""
+        start = seq.num_computed_tokens
+        plan.block_copies += self.block_manager.append(seq.block_table, start, end)
+        self.table_rows[seq.table_row, : len(seq.block_table)] = seq.block_table
 
     def _append_placeholder(self, plan: StepPlan, seq: Sequence, chunk_index: int) -> None:
         seq.pending_step, seq.pending_row = plan.step_id, len(plan.rows)
