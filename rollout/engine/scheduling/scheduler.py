@@ -30,6 +30,11 @@ from rollout.engine.scheduling.verification import Speculation, SpeculationStats
 
 
 class Scheduler:
+    """The queues, the sequences' lifecycle (admit, fork, preempt, finish) and the block tables'
+    mirror. Speculation (verification.py) and the prefix registry (prefix_registry.py) are
+    objects it holds: they get what they need as arguments and never end or preempt a sequence
+    themselves."""
+
     def __init__(
         self,
         block_manager: BlockManager,
@@ -149,17 +154,28 @@ class Scheduler:
     def schedule(self) -> StepPlan | None:
         """Pick the next step's work and advance host state; None when nothing can run now."""
         plan = StepPlan(self._next_step, [], [], [], 0)
-        budget = self.max_num_batched_tokens
-        in_step: set[int] = set()
+        in_step: set[int] = set()  # seq_ids in the plan: not to be preempted for room
+        budget = self._schedule_running(plan, in_step)
+        # Admissions only when this step did not preempt (the cache is full: admitting now would
+        # only churn, and a just-preempted sequence may still wait for its in-flight token).
+        if plan.num_preempted == 0:
+            self._admit(plan, budget)
+        if not plan.chunks:
+            return None
+        self._prefix.register_prefills(plan.completed_prefills)
+        self._next_step += 1
+        return plan
 
-        # Running sequences first, oldest first. Iterate over a snapshot: preemption edits the list.
+    def _schedule_running(self, plan: StepPlan, in_step: set[int]) -> int:
+        """The running sequences' chunks, oldest first: a decode token, a prefill's next chunk,
+        or a verification of drafts. Returns the token budget left for admissions."""
+        budget = self.max_num_batched_tokens
         chunks = plan.chunks
         writes_in_place = self.block_manager.writes_in_place
         running = Status.RUNNING
-        speculation = self._speculation
         speculate = self.wants_speculation()
         drafted = False  # whether a sequence was looked up for drafts
-        for seq in list(self.running):
+        for seq in list(self.running):  # a snapshot: preemption edits the list
             if budget == 0 or len(chunks) == self.max_num_seqs:
                 break
             num_tokens = len(seq.token_ids)
@@ -167,23 +183,18 @@ class Scheduler:
                 continue  # preempted just now, or its last token is in flight
             start = seq.num_computed_tokens
             assert start < num_tokens, "a verification's results must be in before the next step"
-            num_new = min(num_tokens - start, budget)
             if (
                 speculate
                 and num_tokens - start == 1
                 and num_tokens > seq.num_prompt_tokens  # decoding, not a prompt's last token
                 and seq.token_ids[-1] != PLACEHOLDER
             ):
-                draft = speculation.draft(seq, budget)
                 drafted = True
-                if draft:
-                    needed = self._make_room(seq, 1 + len(draft), in_step, plan)
-                    if needed >= 0:
-                        if needed:
-                            self._grow(plan, seq, start + 1 + len(draft))
-                        budget -= speculation.add_verification(plan, seq, draft)
-                        in_step.add(seq.seq_id)
+                used = self._schedule_verification(plan, seq, budget, in_step)
+                if used is not None:
+                    budget -= used
                     continue
+            num_new = min(num_tokens - start, budget)
             if num_new == 1 and writes_in_place(seq.block_table, start):
                 needed = 0  # a decode token into its own block: no room to make
             else:
@@ -192,21 +203,38 @@ class Scheduler:
                     continue
             budget -= self._add_chunk(plan, seq, num_new, needed)
             in_step.add(seq.seq_id)
-
         if drafted and not plan.speculative:
-            speculation.tried(plan.step_id, gained=False)  # no draft found
+            self._speculation.tried(plan.step_id, gained=False)  # no draft found
+        return budget
 
-        # Then admissions, unless this step had to preempt (the cache is full: admitting now would
-        # only churn, and a just-preempted sequence may still wait for its in-flight token).
-        while plan.num_preempted == 0 and self.waiting and budget > 0:
+    def _schedule_verification(
+        self, plan: StepPlan, seq: Sequence, budget: int, in_step: set[int]
+    ) -> int | None:
+        """A verification of seq's drafts if there are any: returns the tokens it takes (0 when
+        making room preempted seq itself), or None when there is no draft (a plain decode)."""
+        draft = self._speculation.draft(seq, budget)
+        if not draft:
+            return None
+        end = seq.num_computed_tokens + 1 + len(draft)
+        needed = self._make_room(seq, 1 + len(draft), in_step, plan)
+        if needed < 0:
+            return 0
+        if needed:
+            self._grow(plan, seq, end)
+        in_step.add(seq.seq_id)
+        return self._speculation.add_verification(plan, seq, draft)
+
+    def _admit(self, plan: StepPlan, budget: int) -> None:
+        """Waiting sequences in arrival order, while the budget, the sequence cap and the free
+        blocks allow."""
+        bm = self.block_manager
+        while self.waiting and budget > 0:
             seq = self.waiting[0]
             if len(plan.chunks) == self.max_num_seqs or (
                 len(self.running) + 1 + seq.num_forks_pending > self.max_num_seqs
             ):
                 break
-            bm = self.block_manager
             hits = self._prefix.match(seq)  # leading blocks whose KV is cached
-            cached = len(hits) * bm.block_size
             # Admit only what fits whole (every chunk of its prompt, or of its recompute after a
             # preemption) with a block of growth left for each running sequence. Otherwise a
             # recompute admitted into a full cache is preempted again a few steps later, its
@@ -215,25 +243,26 @@ class Scheduler:
             if whole + len(self.running) > bm.num_free_blocks:
                 break
             self.waiting.pop(0)
-            bm.adopt(seq.block_table, hits)
-            seq.num_computed_tokens = cached
-            self.num_prefix_hit_tokens += cached
-            seq.cache_epoch = bm.cache_epoch
-            num_new = min(seq.num_tokens - cached, budget)
-            needed = bm.num_new_blocks_needed(seq.block_table, cached, cached + num_new)
-            seq.status = Status.RUNNING
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = time.monotonic()
-            seq.table_row = self._free_rows.pop()
-            self.table_rows[seq.table_row, : len(seq.block_table)] = seq.block_table
-            _insort(self.running, seq)
-            budget -= self._add_chunk(plan, seq, num_new, needed)
+            budget -= self._start_running(plan, seq, hits, budget)
 
-        if not plan.chunks:
-            return None
-        self._prefix.register_prefills(plan.completed_prefills)
-        self._next_step += 1
-        return plan
+    def _start_running(self, plan: StepPlan, seq: Sequence, hits: list[int], budget: int) -> int:
+        """Admit seq with the cached blocks `hits` as its leading blocks, and its first chunk
+        in the plan; returns the chunk's token count."""
+        bm = self.block_manager
+        bm.adopt(seq.block_table, hits)
+        cached = len(hits) * bm.block_size
+        seq.num_computed_tokens = cached
+        self.num_prefix_hit_tokens += cached
+        seq.cache_epoch = bm.cache_epoch
+        num_new = min(seq.num_tokens - cached, budget)
+        needed = bm.num_new_blocks_needed(seq.block_table, cached, cached + num_new)
+        seq.status = Status.RUNNING
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = time.monotonic()
+        seq.table_row = self._free_rows.pop()
+        self.table_rows[seq.table_row, : len(seq.block_table)] = seq.block_table
+        _insort(self.running, seq)
+        return self._add_chunk(plan, seq, num_new, needed)
 
     def process_results(
         self, plan: StepPlan, token_ids: np.ndarray, logprobs: np.ndarray
