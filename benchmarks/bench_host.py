@@ -80,7 +80,7 @@ def measure(
             most = min(verify_drafts, seq.token_limit - len(seq.token_ids) - 1, budget - 1)
             return [seq.token_ids[-1]] * max(most, 0)
 
-        scheduler._draft = forced_draft
+        scheduler._speculation.draft = forced_draft  # in place of the n-gram drafts
         scheduler.speculative_tokens, scheduler.speculation_max_pause = verify_drafts, 0
         scheduler.speculative_max_seqs = num_seqs
     # One of the runner's two slots, as the engine sizes it (pinned memory only on CUDA).

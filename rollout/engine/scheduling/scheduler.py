@@ -19,65 +19,113 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from rollout.engine.scheduling.block_manager import BlockManager
-from rollout.engine.scheduling.ngram_drafts import GroupNgrams
 from rollout.engine.scheduling.prefix_registry import PrefixRegistry
 from rollout.engine.scheduling.sequence import PLACEHOLDER, Sequence, Status
 from rollout.engine.scheduling.step_plan import SampleRow, ScheduledChunk, StepPlan
-from rollout.engine.scheduling.verification import DraftVerification, SpeculationStats
+from rollout.engine.scheduling.verification import Speculation, SpeculationStats
 
 
-@dataclass
-class Scheduler(DraftVerification, PrefixRegistry):
-    block_manager: BlockManager
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-    eos_token_ids: frozenset[int] = frozenset()
-    speculative_tokens: int = 0
-    """Most draft tokens one verification checks (0: no speculation)."""
-    speculative_max_seqs: int = 0
-    """Speculate only while at most this many sequences run."""
-    speculation_max_pause: int = 64
-    """After tries to speculate that gained nothing, the longest wait before the next try, in
-    steps (0: try every step)."""
-    stop_string_hit: Callable[[Sequence], bool] | None = None
-    """Whether a sequence's output now contains one of its `params.stop` strings (the engine's
-    detokenizing check; None: no tokenizer)."""
-    prefix_caching: bool = False
-    """Reuse the cached KV of a request's leading full blocks (block_manager.py)."""
-    waiting: list[Sequence] = field(default_factory=list)
-    running: list[Sequence] = field(default_factory=list)
-    num_preemptions: int = 0
-    num_prefix_hit_tokens: int = 0
-    """Tokens whose KV came from the prefix cache instead of being computed."""
-    speculation: SpeculationStats = field(default_factory=lambda: SpeculationStats())
-    _next_step: int = 0
-    _speculation_misses: int = 0
-    """Tries to speculate in a row that gained nothing (verification.py)."""
-    _speculation_paused_until: int = 0
-    """The first step id that may try to speculate again."""
-    _next_seq_id: int = 1_000_000_000  # forked samples; requests use small ids
+class Scheduler:
+    """The queues, the sequences' lifecycle (admit, fork, preempt, finish) and the block tables'
+    mirror. Speculation (verification.py) and the prefix registry (prefix_registry.py) are
+    objects it holds: they get what they need as arguments and never end or preempt a sequence
+    themselves."""
 
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        eos_token_ids: frozenset[int] = frozenset(),
+        speculative_tokens: int = 0,
+        speculative_max_seqs: int = 0,
+        speculation_max_pause: int = 64,
+        stop_string_hit: Callable[[Sequence], bool] | None = None,
+        prefix_caching: bool = False,
+    ) -> None:
+        """`speculative_tokens`: the most drafts one verification checks (0: no speculation),
+        while at most `speculative_max_seqs` sequences run, and after tries that gained
+        nothing at most `speculation_max_pause` steps between tries (0: try every step; all
+        three are Speculation's, verification.py). `stop_string_hit`: whether a sequence's output
+        now contains one of its `params.stop` strings (the engine's detokenizing check; None: no
+        tokenizer). `prefix_caching`: reuse the cached KV of a request's leading full blocks
+        (block_manager.py)."""
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.stop_string_hit = stop_string_hit
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self.num_prefix_hit_tokens = 0
+        """Tokens whose KV came from the prefix cache instead of being computed."""
+        self._speculation = Speculation(
+            block_manager,
+            speculative_tokens,
+            speculative_max_seqs,
+            speculation_max_pause,
+            end_reason=self._end_reason,
+        )
+        self._prefix = PrefixRegistry(block_manager, prefix_caching)
+        self._next_step = 0
+        self._next_seq_id = 1_000_000_000  # forked samples; requests use small ids
         # A numpy mirror of the running sequences' block tables, one row each, updated only when a
         # table changes (every block_size tokens), so a step gathers its tables in one indexing op.
-        width = -(-self.max_model_len // self.block_manager.block_size)
-        self.table_rows = np.zeros((self.max_num_seqs, width), dtype=np.int32)
-        self._free_rows = list(range(self.max_num_seqs - 1, -1, -1))
+        width = -(-max_model_len // block_manager.block_size)
+        self.table_rows = np.zeros((max_num_seqs, width), dtype=np.int32)
+        self._free_rows = list(range(max_num_seqs - 1, -1, -1))
+
+    # ---- speculation's settings and counts (tests and benchmarks set them after construction) ---
+
+    @property
+    def speculation(self) -> SpeculationStats:
+        return self._speculation.stats
+
+    @speculation.setter
+    def speculation(self, stats: SpeculationStats) -> None:
+        self._speculation.stats = stats
+
+    @property
+    def speculative_tokens(self) -> int:
+        return self._speculation.max_drafts
+
+    @speculative_tokens.setter
+    def speculative_tokens(self, n: int) -> None:
+        self._speculation.max_drafts = n
+
+    @property
+    def speculative_max_seqs(self) -> int:
+        return self._speculation.max_seqs
+
+    @speculative_max_seqs.setter
+    def speculative_max_seqs(self, n: int) -> None:
+        self._speculation.max_seqs = n
+
+    @property
+    def speculation_max_pause(self) -> int:
+        return self._speculation.max_pause
+
+    @speculation_max_pause.setter
+    def speculation_max_pause(self, steps: int) -> None:
+        self._speculation.max_pause = steps
+
+    def wants_speculation(self) -> bool:
+        """Whether the next step verifies drafts where it can (Speculation.wants)."""
+        return self._speculation.wants(len(self.running), self._next_step)
 
     # ---- requests -------------------------------------------------------------------------------
 
     def add(self, seq: Sequence) -> None:
         assert seq.status is Status.WAITING and not seq.block_table
         seq.token_limit = self._token_limit(seq)
-        if self.speculative_tokens:
-            seq.ngrams = GroupNgrams()
-            seq.ngrams.members.append(seq)
+        self._speculation.prepare(seq)
         _insort(self.waiting, seq)
 
     def has_unfinished(self) -> bool:
@@ -96,21 +144,38 @@ class Scheduler(DraftVerification, PrefixRegistry):
             self._finish(seq, "abort", keep=self._num_resolved(seq))
         return hits + unforked
 
+    def reset_prefix_cache(self) -> None:
+        """Forget the cached KV (the weights changed). Sequences running now keep theirs but
+        never offer it to the cache."""
+        self._prefix.reset()
+
     # ---- one step -------------------------------------------------------------------------------
 
     def schedule(self) -> StepPlan | None:
         """Pick the next step's work and advance host state; None when nothing can run now."""
         plan = StepPlan(self._next_step, [], [], [], 0)
-        budget = self.max_num_batched_tokens
-        in_step: set[int] = set()
+        in_step: set[int] = set()  # seq_ids in the plan: not to be preempted for room
+        budget = self._schedule_running(plan, in_step)
+        # Admissions only when this step did not preempt (the cache is full: admitting now would
+        # only churn, and a just-preempted sequence may still wait for its in-flight token).
+        if plan.num_preempted == 0:
+            self._admit(plan, budget)
+        if not plan.chunks:
+            return None
+        self._prefix.register_prefills(plan.completed_prefills)
+        self._next_step += 1
+        return plan
 
-        # Running sequences first, oldest first. Iterate over a snapshot: preemption edits the list.
+    def _schedule_running(self, plan: StepPlan, in_step: set[int]) -> int:
+        """The running sequences' chunks, oldest first: a decode token, a prefill's next chunk,
+        or a verification of drafts. Returns the token budget left for admissions."""
+        budget = self.max_num_batched_tokens
         chunks = plan.chunks
         writes_in_place = self.block_manager.writes_in_place
         running = Status.RUNNING
         speculate = self.wants_speculation()
         drafted = False  # whether a sequence was looked up for drafts
-        for seq in list(self.running):
+        for seq in list(self.running):  # a snapshot: preemption edits the list
             if budget == 0 or len(chunks) == self.max_num_seqs:
                 break
             num_tokens = len(seq.token_ids)
@@ -118,21 +183,18 @@ class Scheduler(DraftVerification, PrefixRegistry):
                 continue  # preempted just now, or its last token is in flight
             start = seq.num_computed_tokens
             assert start < num_tokens, "a verification's results must be in before the next step"
-            num_new = min(num_tokens - start, budget)
             if (
                 speculate
                 and num_tokens - start == 1
                 and num_tokens > seq.num_prompt_tokens  # decoding, not a prompt's last token
                 and seq.token_ids[-1] != PLACEHOLDER
             ):
-                draft = self._draft(seq, budget)
                 drafted = True
-                if draft:
-                    needed = self._make_room(seq, 1 + len(draft), in_step, plan)
-                    if needed >= 0:
-                        budget -= self._add_verification(plan, seq, draft, needed)
-                        in_step.add(seq.seq_id)
+                used = self._schedule_verification(plan, seq, budget, in_step)
+                if used is not None:
+                    budget -= used
                     continue
+            num_new = min(num_tokens - start, budget)
             if num_new == 1 and writes_in_place(seq.block_table, start):
                 needed = 0  # a decode token into its own block: no room to make
             else:
@@ -141,26 +203,38 @@ class Scheduler(DraftVerification, PrefixRegistry):
                     continue
             budget -= self._add_chunk(plan, seq, num_new, needed)
             in_step.add(seq.seq_id)
-
         if drafted and not plan.speculative:
-            self._speculation_result(plan.step_id, gained=False)  # no draft found
+            self._speculation.tried(plan.step_id, gained=False)  # no draft found
+        return budget
 
-        # Then admissions, unless this step had to preempt (the cache is full: admitting now would
-        # only churn, and a just-preempted sequence may still wait for its in-flight token).
-        while plan.num_preempted == 0 and self.waiting and budget > 0:
+    def _schedule_verification(
+        self, plan: StepPlan, seq: Sequence, budget: int, in_step: set[int]
+    ) -> int | None:
+        """A verification of seq's drafts if there are any: returns the tokens it takes (0 when
+        making room preempted seq itself), or None when there is no draft (a plain decode)."""
+        draft = self._speculation.draft(seq, budget)
+        if not draft:
+            return None
+        end = seq.num_computed_tokens + 1 + len(draft)
+        needed = self._make_room(seq, 1 + len(draft), in_step, plan)
+        if needed < 0:
+            return 0
+        if needed:
+            self._grow(plan, seq, end)
+        in_step.add(seq.seq_id)
+        return self._speculation.add_verification(plan, seq, draft)
+
+    def _admit(self, plan: StepPlan, budget: int) -> None:
+        """Waiting sequences in arrival order, while the budget, the sequence cap and the free
+        blocks allow."""
+        bm = self.block_manager
+        while self.waiting and budget > 0:
             seq = self.waiting[0]
             if len(plan.chunks) == self.max_num_seqs or (
                 len(self.running) + 1 + seq.num_forks_pending > self.max_num_seqs
             ):
                 break
-            bm = self.block_manager
-            # Leading blocks whose KV is cached (at least the last token is computed here).
-            hits = (
-                bm.match_prefix(self._block_digests(seq, (seq.num_tokens - 1) // bm.block_size))
-                if self.prefix_caching
-                else []
-            )
-            cached = len(hits) * bm.block_size
+            hits = self._prefix.match(seq)  # leading blocks whose KV is cached
             # Admit only what fits whole (every chunk of its prompt, or of its recompute after a
             # preemption) with a block of growth left for each running sequence. Otherwise a
             # recompute admitted into a full cache is preempted again a few steps later, its
@@ -169,28 +243,26 @@ class Scheduler(DraftVerification, PrefixRegistry):
             if whole + len(self.running) > bm.num_free_blocks:
                 break
             self.waiting.pop(0)
-            bm.adopt(seq.block_table, hits)
-            seq.num_computed_tokens = cached
-            self.num_prefix_hit_tokens += cached
-            seq.cache_epoch = bm.cache_epoch
-            num_new = min(seq.num_tokens - cached, budget)
-            needed = bm.num_new_blocks_needed(seq.block_table, cached, cached + num_new)
-            seq.status = Status.RUNNING
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = time.monotonic()
-            seq.table_row = self._free_rows.pop()
-            self.table_rows[seq.table_row, : len(seq.block_table)] = seq.block_table
-            _insort(self.running, seq)
-            budget -= self._add_chunk(plan, seq, num_new, needed)
+            budget -= self._start_running(plan, seq, hits, budget)
 
-        if not plan.chunks:
-            return None
-        # Blocks this step computes are registered once it is planned, so only later steps
-        # (ordered after it on the device) can match them.
-        for seq, end in plan.completed_prefills:
-            self._register(seq, end)
-        self._next_step += 1
-        return plan
+    def _start_running(self, plan: StepPlan, seq: Sequence, hits: list[int], budget: int) -> int:
+        """Admit seq with the cached blocks `hits` as its leading blocks, and its first chunk
+        in the plan; returns the chunk's token count."""
+        bm = self.block_manager
+        bm.adopt(seq.block_table, hits)
+        cached = len(hits) * bm.block_size
+        seq.num_computed_tokens = cached
+        self.num_prefix_hit_tokens += cached
+        seq.cache_epoch = bm.cache_epoch
+        num_new = min(seq.num_tokens - cached, budget)
+        needed = bm.num_new_blocks_needed(seq.block_table, cached, cached + num_new)
+        seq.status = Status.RUNNING
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = time.monotonic()
+        seq.table_row = self._free_rows.pop()
+        self.table_rows[seq.table_row, : len(seq.block_table)] = seq.block_table
+        _insort(self.running, seq)
+        return self._add_chunk(plan, seq, num_new, needed)
 
     def process_results(
         self, plan: StepPlan, token_ids: np.ndarray, logprobs: np.ndarray
@@ -198,7 +270,8 @@ class Scheduler(DraftVerification, PrefixRegistry):
         """Fill the plan's placeholders with sampled tokens; returns sequences that finished."""
         finished = []
         step_id, finished_status = plan.step_id, Status.FINISHED
-        accepted_before = self.speculation.accepted
+        speculation = self._speculation
+        accepted_before = speculation.stats.accepted
         # Python lists: per-element access to numpy arrays would build a scalar object each time.
         for sample, token, logprob in zip(
             plan.rows, token_ids.tolist(), logprobs.tolist(), strict=True
@@ -206,23 +279,22 @@ class Scheduler(DraftVerification, PrefixRegistry):
             seq = sample.seq
             if seq.status is finished_status:  # stopped a step earlier: its extra token is dropped
                 continue
-            if sample.draft_index >= 0:
-                if self._verify(plan, sample, token, logprob):
-                    finished.append(seq)
-                continue
             position = sample.position
-            assert seq.token_ids[position] == PLACEHOLDER, "sampled row without a placeholder"
-            seq.token_ids[position] = token
-            seq.logprobs.append(logprob)
-            if seq.pending_step == step_id:
-                seq.pending_step = seq.pending_row = -1
-            reason = self._end_reason(seq, token, position)
+            if sample.draft_index >= 0:
+                reason = speculation.verify(plan, sample, token, logprob)
+            else:
+                assert seq.token_ids[position] == PLACEHOLDER, "sampled row without a placeholder"
+                seq.token_ids[position] = token
+                seq.logprobs.append(logprob)
+                if seq.pending_step == step_id:
+                    seq.pending_step = seq.pending_row = -1
+                reason = self._end_reason(seq, token, position)
             if reason is None:
                 continue
             self._finish(seq, reason, keep=position + 1)
             finished.append(seq)
         if plan.speculative:
-            self._speculation_result(step_id, gained=self.speculation.accepted > accepted_before)
+            speculation.tried(step_id, gained=speculation.stats.accepted > accepted_before)
         return finished
 
     def _end_reason(self, seq: Sequence, token: int, position: int) -> str | None:
@@ -245,15 +317,14 @@ class Scheduler(DraftVerification, PrefixRegistry):
         end = start + num_new
         assert num_new > 0 and end <= len(seq.token_ids)
         if blocks_needed:  # else the blocks are there and unshared: nothing to allocate or copy
-            plan.block_copies += self.block_manager.append(seq.block_table, start, end)
-            self.table_rows[seq.table_row, : len(seq.block_table)] = seq.block_table
+            self._grow(plan, seq, end)
         carry_row = -1
         if seq.token_ids[end - 1] == PLACEHOLDER:
             assert seq.pending_step == plan.step_id - 1, "placeholder from an older step"
             carry_row = seq.pending_row
         assert PLACEHOLDER not in seq.token_ids[start : end - 1], "placeholder inside a chunk"
         reaches_end = end == len(seq.token_ids)
-        if reaches_end and self.prefix_caching and (num_new > 1 or start < seq.num_prompt_tokens):
+        if reaches_end and (num_new > 1 or start < seq.num_prompt_tokens) and self._prefix.enabled:
             # A prefill's last chunk (not a decode token: a sequence's generated blocks are
             # offered when it ends or is preempted, so a decode step registers nothing).
             plan.completed_prefills.append((seq, end))
@@ -271,6 +342,13 @@ class Scheduler(DraftVerification, PrefixRegistry):
                 self._append_placeholder(plan, child, chunk_index)
             seq.num_forks_pending = 0
         return num_new
+
+    def _grow(self, plan: StepPlan, seq: Sequence, end: int) -> None:
+        """Give seq's block table what its tokens up to `end` need (new blocks, copies of shared
+        ones the step writes into) and mirror it in its table row."""
+        start = seq.num_computed_tokens
+        plan.block_copies += self.block_manager.append(seq.block_table, start, end)
+        self.table_rows[seq.table_row, : len(seq.block_table)] = seq.block_table
 
     def _append_placeholder(self, plan: StepPlan, seq: Sequence, chunk_index: int) -> None:
         seq.pending_step, seq.pending_row = plan.step_id, len(plan.rows)
@@ -332,8 +410,7 @@ class Scheduler(DraftVerification, PrefixRegistry):
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self._release_row(seq)
-        if self.prefix_caching:  # its recompute may find them still cached
-            self._register(seq, seq.num_computed_tokens)
+        self._prefix.register(seq, seq.num_computed_tokens)  # its recompute may find them
         self.block_manager.free(seq.block_table)
         seq.num_computed_tokens = 0
         seq.status = Status.WAITING
@@ -356,8 +433,8 @@ class Scheduler(DraftVerification, PrefixRegistry):
         return n
 
     def _finish(self, seq: Sequence, reason: str, keep: int) -> None:
-        if self.prefix_caching and seq.block_table:
-            self._register(seq, min(seq.num_computed_tokens, keep))
+        if seq.block_table:
+            self._prefix.register(seq, min(seq.num_computed_tokens, keep))
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
             self._release_row(seq)

@@ -78,7 +78,7 @@ class Sequence:
     by the group's samples."""
     block_digests: list[bytes] = field(default_factory=list)
     """Prefix-cache digests of its leading full blocks, computed once each (a full block of
-    known tokens never changes; prefix_registry._block_digests extends it)."""
+    known tokens never changes; PrefixRegistry._digests extends it)."""
     cache_epoch: int = -1
     """The prefix cache's epoch when it was last admitted: its KV may be offered to the cache
     only while the epoch (the weights) is the same."""
