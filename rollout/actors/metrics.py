@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rollout.actors.messages import FinishedSample
     from rollout.engine.llm_engine import LLMEngine
-    from rollout.engine.scheduling.verification import SpeculationStats
+    from rollout.engine.scheduling.speculation import SpeculationStats
 
 
 class WorkerMetrics:

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rollout.engine.scheduling.verification import SpeculationStats
+from rollout.engine.scheduling.speculation import SpeculationStats
 
 if TYPE_CHECKING:
     from rollout.engine.execution.model_runner import ModelRunner

@@ -7,7 +7,7 @@ place its most recent occurrence was followed; it is brought up to date only wit
 appended since the last look (host work per step grows with new tokens, not with lengths), and
 only while the engine speculates.
 
-The drafts are proposals, not samples: the verification step (verification.py) keeps a draft token
+The drafts are proposals, not samples: the verification step (speculation.py) keeps a draft token
 only when it is the token the plain sampler draws at that position, so drafts change how many
 tokens a forward yields, never which tokens come out.
 """

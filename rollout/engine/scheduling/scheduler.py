@@ -25,13 +25,13 @@ import numpy as np
 from rollout.engine.scheduling.block_manager import BlockManager
 from rollout.engine.scheduling.prefix_registry import PrefixRegistry
 from rollout.engine.scheduling.sequence import PLACEHOLDER, Sequence, Status
+from rollout.engine.scheduling.speculation import Speculation, SpeculationStats
 from rollout.engine.scheduling.step_plan import SampleRow, ScheduledChunk, StepPlan
-from rollout.engine.scheduling.verification import Speculation, SpeculationStats
 
 
 class Scheduler:
     """The queues, the sequences' lifecycle (admit, fork, preempt, finish) and the block tables'
-    mirror. Speculation (verification.py) and the prefix registry (prefix_registry.py) are
+    mirror. Speculation (speculation.py) and the prefix registry (prefix_registry.py) are
     objects it holds: they get what they need as arguments and never end or preempt a sequence
     themselves."""
 
@@ -51,7 +51,7 @@ class Scheduler:
         """`speculative_tokens`: the most drafts one verification checks (0: no speculation),
         while at most `speculative_max_seqs` sequences run, and after tries that gained
         nothing at most `speculation_max_pause` steps between tries (0: try every step; all
-        three are Speculation's, verification.py). `stop_string_hit`: whether a sequence's output
+        three are Speculation's, speculation.py). `stop_string_hit`: whether a sequence's output
         now contains one of its `params.stop` strings (the engine's detokenizing check; None: no
         tokenizer). `prefix_caching`: reuse the cached KV of a request's leading full blocks
         (block_manager.py)."""
