@@ -194,12 +194,13 @@ def time_verifications(
         most = min(drafts, seq.token_limit - len(seq.token_ids) - 1, budget - 1)
         return [seq.token_ids[-1]] * max(most, 0)
 
-    scheduler._draft = forced_draft
-    scheduler.speculative_tokens, scheduler.speculation_max_pause = drafts, 0
+    speculation = scheduler.speculation
+    speculation.draft = forced_draft  # in place of the n-gram drafts
+    speculation.max_drafts, speculation.max_pause = drafts, 0
     try:
         for _ in range(4):  # the verification graphs of this batch size captured
             engine.step()
-        stats = scheduler.speculation
+        stats = speculation.stats
         before = (stats.verifications, stats.emitted)
         if cuda:
             torch.cuda.synchronize()
@@ -211,8 +212,8 @@ def time_verifications(
         verify_ms = 1e3 * (time.perf_counter() - start) / steps
         profiled = profile_steps(engine, steps, verify_ms, "verify_") if profile and cuda else {}
     finally:
-        del scheduler._draft
-        scheduler.speculative_tokens = 0
+        del speculation.draft
+        speculation.max_drafts = 0
     verifications = stats.verifications - before[0]
     return profiled | {
         "verify_drafts": drafts,
@@ -322,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
     decode_tiles = _set_decode_tiles(args.decode_tiles) if device == "cuda" else None
     engine = LLMEngine.from_model(model, EngineConfig(**settings))
     # Plain decoding, but for the verification timings.
-    engine.debug_internals().scheduler.speculative_tokens = 0
+    engine.debug_internals().scheduler.speculation.max_drafts = 0
     commit, date = commit_id(), datetime.date.today().isoformat()
     report = {
         "benchmark": "decode_regimes",

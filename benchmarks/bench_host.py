@@ -80,9 +80,10 @@ def measure(
             most = min(verify_drafts, seq.token_limit - len(seq.token_ids) - 1, budget - 1)
             return [seq.token_ids[-1]] * max(most, 0)
 
-        scheduler._speculation.draft = forced_draft  # in place of the n-gram drafts
-        scheduler.speculative_tokens, scheduler.speculation_max_pause = verify_drafts, 0
-        scheduler.speculative_max_seqs = num_seqs
+        speculation = scheduler.speculation
+        speculation.draft = forced_draft  # in place of the n-gram drafts
+        speculation.max_drafts, speculation.max_pause = verify_drafts, 0
+        speculation.max_seqs = num_seqs
     # One of the runner's two slots, as the engine sizes it (pinned memory only on CUDA).
     cpu = torch.device("cpu")
     max_rows = num_seqs * (1 + verify_drafts)
@@ -102,9 +103,9 @@ def measure(
         t3 = time.perf_counter()
         process(plan)
         times.append((t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3))
-    if verify_drafts and scheduler.speculation.verifications < len(times):
+    if verify_drafts and scheduler.speculation.stats.verifications < len(times):
         raise SystemExit(
-            f"--verify-drafts: {scheduler.speculation.verifications} verifications in "
+            f"--verify-drafts: {scheduler.speculation.stats.verifications} verifications in "
             f"{len(times)} steps; every step should verify (are --new-tokens too few?)"
         )
     return [1e3 * float(np.median(column)) for column in zip(*times, strict=True)]

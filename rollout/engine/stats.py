@@ -67,7 +67,7 @@ def collect_stats(
         steps=steps,
         preemptions=scheduler.num_preemptions,
         prefix_hit_tokens=scheduler.num_prefix_hit_tokens,
-        speculation=dataclasses.replace(scheduler.speculation),
+        speculation=dataclasses.replace(scheduler.speculation.stats),
         host_wait_s=runner.host_wait_s,
         device_s=runner.timing.total_s() if runner.timing is not None else None,
         cuda_graphs=len(runner.graphs) if runner.graphs is not None else 0,
@@ -78,8 +78,7 @@ def reset_counters(scheduler: Scheduler, runner: ModelRunner) -> None:
     """Zero the counters `collect_stats` reports (the step count is the caller's)."""
     scheduler.num_preemptions = 0
     scheduler.num_prefix_hit_tokens = 0
-    for counter in dataclasses.fields(scheduler.speculation):  # in place: others may hold it
-        setattr(scheduler.speculation, counter.name, 0)
+    scheduler.speculation.stats = SpeculationStats()
     runner.host_wait_s = 0.0
     if runner.timing is not None:
         runner.timing.reset()

@@ -151,7 +151,7 @@ def test_speculation_on_gpu_emits_the_plain_tokens(overlap: bool) -> None:
             model, num_kv_blocks=200, overlap=overlap, speculative="ngram", speculative_max_seqs=16
         )
         # Try every step (random drafts rarely pass).
-        engine.debug_internals().scheduler.speculation_max_pause = 0
+        engine.debug_internals().scheduler.speculation.max_pause = 0
         fast = engine.generate(PROMPTS, params)
         assert [r.token_ids for r in fast] == [r.token_ids for r in plain]
         assert engine.stats().speculation.accepted > 0

@@ -29,7 +29,7 @@ def _engine(model, **overrides) -> LLMEngine:
     engine = LLMEngine.from_model(copy.deepcopy(model), EngineConfig(**settings))
     # Try every step: a tiny random model's drafts are rarely accepted, and the pause after
     # empty tries (tested in tests/unit/test_scheduler.py) would leave few verifications here.
-    engine.debug_internals().scheduler.speculation_max_pause = 0
+    engine.debug_internals().scheduler.speculation.max_pause = 0
     return engine
 
 

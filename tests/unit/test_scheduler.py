@@ -847,7 +847,7 @@ def test_a_verification_emits_accepted_drafts_and_the_token_after_the_first_reje
     assert seq.token_ids[4:] == [1, 2, 3, 4, 7]
     assert seq.num_computed_tokens == len(seq.token_ids) - 1
     assert len(seq.block_table) == h.bm.num_blocks_for(seq.num_computed_tokens) <= blocks_before
-    stats = h.scheduler.speculation
+    stats = h.scheduler.speculation.stats
     assert (stats.verifications, stats.drafted, stats.accepted, stats.emitted) == (1, 4, 2, 3)
     assert seq.draft_len == 4  # two accepted: the next draft may be twice as long
 
@@ -953,7 +953,7 @@ def test_property_speculation_emits_the_tokens_of_plain_steps(workload, overlap)
     assert {k: v.token_ids for k, v in h.results.items()} == {
         k: v.token_ids for k, v in plain.results.items()
     }
-    stats = h.scheduler.speculation
+    stats = h.scheduler.speculation.stats
     assert stats.emitted == stats.verifications + stats.accepted
 
 
@@ -967,7 +967,7 @@ def test_speculation_is_exercised_by_the_fake_model():
     """The property tests above mean something only if drafts get accepted."""
     h = _speculating(tokens_by_position=True, num_blocks=64, max_model_len=64)
     h.run([make_request(f"r{i}", 6, max_tokens=40, n=2, ignore_eos=True) for i in range(2)], False)
-    stats = h.scheduler.speculation
+    stats = h.scheduler.speculation.stats
     assert stats.accepted > 20 and stats.accepted < stats.drafted
 
 

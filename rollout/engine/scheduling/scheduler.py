@@ -25,7 +25,7 @@ import numpy as np
 from rollout.engine.scheduling.block_manager import BlockManager
 from rollout.engine.scheduling.prefix_registry import PrefixRegistry
 from rollout.engine.scheduling.sequence import PLACEHOLDER, Sequence, Status
-from rollout.engine.scheduling.speculation import Speculation, SpeculationStats
+from rollout.engine.scheduling.speculation import Speculation
 from rollout.engine.scheduling.step_plan import SampleRow, ScheduledChunk, StepPlan
 
 
@@ -66,7 +66,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_prefix_hit_tokens = 0
         """Tokens whose KV came from the prefix cache instead of being computed."""
-        self._speculation = Speculation(
+        self.speculation = Speculation(
             block_manager,
             speculative_tokens,
             speculative_max_seqs,
@@ -82,50 +82,16 @@ class Scheduler:
         self.table_rows = np.zeros((max_num_seqs, width), dtype=np.int32)
         self._free_rows = list(range(max_num_seqs - 1, -1, -1))
 
-    # ---- speculation's settings and counts (tests and benchmarks set them after construction) ---
-
-    @property
-    def speculation(self) -> SpeculationStats:
-        return self._speculation.stats
-
-    @speculation.setter
-    def speculation(self, stats: SpeculationStats) -> None:
-        self._speculation.stats = stats
-
-    @property
-    def speculative_tokens(self) -> int:
-        return self._speculation.max_drafts
-
-    @speculative_tokens.setter
-    def speculative_tokens(self, n: int) -> None:
-        self._speculation.max_drafts = n
-
-    @property
-    def speculative_max_seqs(self) -> int:
-        return self._speculation.max_seqs
-
-    @speculative_max_seqs.setter
-    def speculative_max_seqs(self, n: int) -> None:
-        self._speculation.max_seqs = n
-
-    @property
-    def speculation_max_pause(self) -> int:
-        return self._speculation.max_pause
-
-    @speculation_max_pause.setter
-    def speculation_max_pause(self, steps: int) -> None:
-        self._speculation.max_pause = steps
-
     def wants_speculation(self) -> bool:
         """Whether the next step verifies drafts where it can (Speculation.wants)."""
-        return self._speculation.wants(len(self.running), self._next_step)
+        return self.speculation.wants(len(self.running), self._next_step)
 
     # ---- requests -------------------------------------------------------------------------------
 
     def add(self, seq: Sequence) -> None:
         assert seq.status is Status.WAITING and not seq.block_table
         seq.token_limit = self._token_limit(seq)
-        self._speculation.prepare(seq)
+        self.speculation.prepare(seq)
         _insort(self.waiting, seq)
 
     def has_unfinished(self) -> bool:
@@ -204,7 +170,7 @@ class Scheduler:
             budget -= self._add_chunk(plan, seq, num_new, needed)
             in_step.add(seq.seq_id)
         if drafted and not plan.speculative:
-            self._speculation.tried(plan.step_id, gained=False)  # no draft found
+            self.speculation.tried(plan.step_id, gained=False)  # no draft found
         return budget
 
     def _schedule_verification(
@@ -212,7 +178,7 @@ class Scheduler:
     ) -> int | None:
         """A verification of seq's drafts if there are any: returns the tokens it takes (0 when
         making room preempted seq itself), or None when there is no draft (a plain decode)."""
-        draft = self._speculation.draft(seq, budget)
+        draft = self.speculation.draft(seq, budget)
         if not draft:
             return None
         end = seq.num_computed_tokens + 1 + len(draft)
@@ -222,7 +188,7 @@ class Scheduler:
         if needed:
             self._grow(plan, seq, end)
         in_step.add(seq.seq_id)
-        return self._speculation.add_verification(plan, seq, draft)
+        return self.speculation.add_verification(plan, seq, draft)
 
     def _admit(self, plan: StepPlan, budget: int) -> None:
         """Waiting sequences in arrival order, while the budget, the sequence cap and the free
@@ -270,7 +236,7 @@ class Scheduler:
         """Fill the plan's placeholders with sampled tokens; returns sequences that finished."""
         finished = []
         step_id, finished_status = plan.step_id, Status.FINISHED
-        speculation = self._speculation
+        speculation = self.speculation
         accepted_before = speculation.stats.accepted
         # Python lists: per-element access to numpy arrays would build a scalar object each time.
         for sample, token, logprob in zip(
