@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollout.environment import set_environment_defaults  # noqa: E402
+from rollout.process_env import set_process_env_defaults  # noqa: E402
 
-set_environment_defaults()
+set_process_env_defaults()
 
 
 def main(argv: list[str] | None = None) -> None:

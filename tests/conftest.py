@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollout.environment import set_environment_defaults
+from rollout.process_env import set_process_env_defaults
 
-set_environment_defaults()
+set_process_env_defaults()
 
 VOCAB = 96
 EOS = 2

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rollout.engine.config import EngineConfig
-from rollout.environment import set_environment_defaults
+from rollout.process_env import set_process_env_defaults
 from rollout.prompts import PromptFormatter
 from trainers.job.checkpoints import (
     checkpoints,
@@ -156,7 +156,7 @@ def prepare_run_directory(config: JobConfig) -> Path:
     (offline unless asked otherwise)."""
     out = Path(config.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    set_environment_defaults()
+    set_process_env_defaults()
     os.environ["WANDB_MODE"] = config.wandb.mode
     os.environ.setdefault("WANDB_PROJECT", config.wandb.project)
     os.environ["WANDB_DIR"] = str(out)

@@ -18,6 +18,6 @@ DEFAULTS = {
 }
 
 
-def set_environment_defaults() -> None:
+def set_process_env_defaults() -> None:
     for name, value in DEFAULTS.items():
         os.environ.setdefault(name, value)
