@@ -65,7 +65,7 @@ def run_throughput(pool, workload, num_actors: int, prompts: list[list[int]]) ->
             last_report = time.perf_counter()
             print(f"[scale]   ... {last_report - start:.0f} s, {tokens:,} tokens", flush=True)
     wall = time.perf_counter() - start
-    stats = pool.stats()
+    stats = pool.actor_metrics()
     return {
         "actors": num_actors,
         "tokens": tokens,

@@ -157,7 +157,7 @@ class RolloutPool:
     def resume(self) -> None:
         self._on_live_actors("resume")
 
-    def stats(self) -> dict[int, dict[str, float]]:
+    def actor_metrics(self) -> dict[int, dict[str, float]]:
         """Per live actor metrics (see rollout.actors.metrics.WorkerMetrics)."""
         return self._on_live_actors("metrics")
 

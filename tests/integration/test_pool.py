@@ -75,7 +75,7 @@ def test_pool_streams_groups_that_match_a_local_engine(ray_cluster, model_dir) -
                 c.token_ids for c in local[3 * i : 3 * i + 3]
             ]
             assert all(s.weight_versions == (0, 0) for s in g.samples)
-        stats = pool.stats()
+        stats = pool.actor_metrics()
         assert sum(s["total_sequences"] for s in stats.values()) == 15
         assert all(s["queue_wait_s"] >= 0 for s in stats.values())
         assert max(s["latency_s"] for s in stats.values()) > 0
@@ -101,7 +101,7 @@ def test_speculating_actors_stream_the_plain_tokens_and_report_acceptance(
             assert [s.token_ids for s in g.samples] == [
                 c.token_ids for c in local[2 * i : 2 * i + 2]
             ]
-        (stats,) = pool.stats().values()
+        (stats,) = pool.actor_metrics().values()
         assert stats["spec_verifications"] > 0
         assert 0 < stats["spec_acceptance_rate"] <= 1
         assert stats["spec_tokens_per_verification"] > 1

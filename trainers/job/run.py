@@ -99,7 +99,7 @@ def run_job(config: JobConfig) -> dict:
             saver = attach_callbacks(built, pool, config, stop)
             seconds = train(trainer, config, resume)
             final_model = save_final_model(trainer, inputs.tokenizer, out)
-            summary = job_summary(config, built, pool.stats(), seconds, placement, out)
+            summary = job_summary(config, built, pool.actor_metrics(), seconds, placement, out)
             summary.update(
                 final_model=str(final_model),
                 checkpoints=[str(c) for c in checkpoints(out)],

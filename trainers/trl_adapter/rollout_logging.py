@@ -43,7 +43,7 @@ def attach_rollout_logging(trainer, pool, transfer) -> None:
 
     def log(logs: dict, *args, **kwargs):
         try:
-            stats = pool.stats()
+            stats = pool.actor_metrics()
         except Exception:  # noqa: BLE001 - metrics must never stop training
             stats = {}
         for actor, values in stats.items():
