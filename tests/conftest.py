@@ -123,6 +123,17 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
+def engine_for(model, settings: dict, tokenizer=None, **overrides):
+    """An LLMEngine over a copy of `model` (the test keeps its own, unwrapped): a test file's
+    `settings`, then the case's `overrides`."""
+    import copy
+
+    from rollout import EngineConfig, LLMEngine
+
+    config = EngineConfig(**{**settings, **overrides})
+    return LLMEngine.from_model(copy.deepcopy(model), config, tokenizer)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """Tests marked `gpu` skip without CUDA (and must be run on the GPU machine)."""
     if torch.cuda.is_available():

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
-from rollout import EngineConfig, LLMEngine, SamplingParams
-from tests.conftest import hf_greedy, random_prompts, tiny_model
+from rollout import SamplingParams
+from tests.conftest import engine_for, hf_greedy, random_prompts, tiny_model
 
 pytestmark = pytest.mark.gpu
 
@@ -17,20 +15,17 @@ def _gpu_model(arch: str = "llama"):
     return tiny_model(arch).to("cuda")
 
 
-def _engine(model, **overrides) -> LLMEngine:
-    settings = dict(
-        device="cuda",
-        dtype="float32",
-        block_size=16,
-        max_model_len=256,
-        max_num_seqs=16,
-        max_num_batched_tokens=48,
-        num_kv_blocks=24,  # 384 tokens for up to 9 x 90: preemption
-        attention="triton",
-        compile_model=False,  # exactness tests: eager modules, same ops as transformers
-    )
-    settings.update(overrides)
-    return LLMEngine.from_model(copy.deepcopy(model), EngineConfig(**settings))
+ON_GPU = dict(
+    device="cuda",
+    dtype="float32",
+    block_size=16,
+    max_model_len=256,
+    max_num_seqs=16,
+    max_num_batched_tokens=48,
+    num_kv_blocks=24,  # 384 tokens for up to 9 x 90: preemption
+    attention="triton",
+    compile_model=False,  # exactness tests: eager modules, same ops as transformers
+)
 
 
 PROMPTS = random_prompts((1, 5, 16, 17, 33, 50, 64, 9, 2), seed=21)
@@ -40,7 +35,7 @@ PROMPTS = random_prompts((1, 5, 16, 17, 33, 50, 64, 9, 2), seed=21)
 def test_greedy_equals_transformers_on_gpu(arch: str) -> None:
     model = _gpu_model(arch)
     expected = [hf_greedy(model, p, 40) for p in PROMPTS]
-    engine = _engine(model)
+    engine = engine_for(model, ON_GPU)
     results = engine.generate(PROMPTS, SamplingParams(max_tokens=40, temperature=0))
     assert [r.token_ids for r in results] == expected
     assert engine.stats().preemptions > 0
@@ -50,8 +45,10 @@ def test_greedy_equals_transformers_on_gpu(arch: str) -> None:
 def test_cuda_graph_replay_equals_eager() -> None:
     model = _gpu_model()
     params = SamplingParams(max_tokens=40, temperature=0.9, top_p=0.95, n=2, seed=5)
-    graphed = _engine(model, num_kv_blocks=200).generate(PROMPTS, params)
-    eager = _engine(model, num_kv_blocks=200, cuda_graphs=False).generate(PROMPTS, params)
+    graphed = engine_for(model, ON_GPU, num_kv_blocks=200).generate(PROMPTS, params)
+    eager = engine_for(model, ON_GPU, num_kv_blocks=200, cuda_graphs=False).generate(
+        PROMPTS, params
+    )
     assert [r.token_ids for r in graphed] == [r.token_ids for r in eager]
     for a, b in zip(graphed, eager, strict=True):
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
@@ -60,14 +57,16 @@ def test_cuda_graph_replay_equals_eager() -> None:
 def test_overlap_equals_sync_on_gpu() -> None:
     model = _gpu_model()
     greedy = SamplingParams(max_tokens=48, temperature=0)
-    sync = _engine(model, overlap=False).generate(PROMPTS, greedy)
-    overlap = _engine(model, overlap=True).generate(PROMPTS, greedy)
+    sync = engine_for(model, ON_GPU, overlap=False).generate(PROMPTS, greedy)
+    overlap = engine_for(model, ON_GPU, overlap=True).generate(PROMPTS, greedy)
     assert [r.token_ids for r in sync] == [r.token_ids for r in overlap]
 
 
 def test_bf16_engine_runs_and_streams() -> None:
     model = _gpu_model()
-    engine = _engine(model, dtype="bfloat16", num_kv_blocks=None, gpu_memory_utilization=0.3)
+    engine = engine_for(
+        model, ON_GPU, dtype="bfloat16", num_kv_blocks=None, gpu_memory_utilization=0.3
+    )
     results = engine.generate(PROMPTS, SamplingParams(max_tokens=64, n=3, seed=1, ignore_eos=True))
     assert all(len(r.token_ids) == 64 and r.finish_reason == "length" for r in results)
     assert all(torch.isfinite(torch.tensor(r.logprobs)).all() for r in results)
@@ -77,8 +76,8 @@ def test_bf16_engine_runs_and_streams() -> None:
 def test_compiled_layers_agree_with_eager() -> None:
     model = _gpu_model()
     params = SamplingParams(max_tokens=32, temperature=0)
-    eager = _engine(model, num_kv_blocks=200).generate(PROMPTS, params)
-    engine = _engine(model, num_kv_blocks=200, compile_model=True)
+    eager = engine_for(model, ON_GPU, num_kv_blocks=200).generate(PROMPTS, params)
+    engine = engine_for(model, ON_GPU, num_kv_blocks=200, compile_model=True)
     compiled = engine.generate(PROMPTS, params)
     first = [r.token_ids[:8] for r in eager]
     assert [r.token_ids[:8] for r in compiled] == first
@@ -96,8 +95,8 @@ def test_triton_linear_agrees_with_cublas_in_a_compiled_bf16_engine() -> None:
     model = _gpu_model().to(torch.bfloat16)
     params = SamplingParams(max_tokens=32, temperature=0)
     settings = dict(dtype="bfloat16", num_kv_blocks=200, compile_model=True)
-    cublas = _engine(model, triton_linear=False, **settings).generate(PROMPTS, params)
-    engine = _engine(model, **settings)
+    cublas = engine_for(model, ON_GPU, triton_linear=False, **settings).generate(PROMPTS, params)
+    engine = engine_for(model, ON_GPU, **settings)
     assert hasattr(engine.model.lm_head, "_plain_forward")  # routed through decode_linear
     routed = engine.generate(PROMPTS, params)
     assert [r.token_ids[:2] for r in routed] == [r.token_ids[:2] for r in cublas]
@@ -121,19 +120,19 @@ def test_windowed_families_equal_transformers_and_graphs_equal_eager(family: str
     model = model_zoo.tiny_model(family).to("cuda")
     params = SamplingParams(max_tokens=40, temperature=0)
     expected = [model_zoo.hf_greedy(model, p, 40) for p in PROMPTS]
-    eager = _engine(model, cuda_graphs=False).generate(PROMPTS, params)
+    eager = engine_for(model, ON_GPU, cuda_graphs=False).generate(PROMPTS, params)
     assert [r.token_ids for r in eager] == expected
     graph_dtype = "float32"
     if family == "gpt_oss":
         with pytest.raises(UnsupportedModelError, match="cuda_graphs=False"):
-            _engine(model)
+            engine_for(model, ON_GPU)
         model, graph_dtype = model.to(torch.bfloat16), "bfloat16"
     sampled = SamplingParams(max_tokens=40, temperature=1.0, n=2, seed=3)
     settings = dict(num_kv_blocks=200, dtype=graph_dtype)
-    graphed = _engine(model, **settings)
+    graphed = engine_for(model, ON_GPU, **settings)
     a = graphed.generate(PROMPTS, sampled)
     assert graphed.stats().cuda_graphs > 0
-    b = _engine(model, cuda_graphs=False, **settings).generate(PROMPTS, sampled)
+    b = engine_for(model, ON_GPU, cuda_graphs=False, **settings).generate(PROMPTS, sampled)
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
 
 
@@ -146,9 +145,16 @@ def test_speculation_on_gpu_emits_the_plain_tokens(overlap: bool) -> None:
         SamplingParams(max_tokens=40, temperature=0),
         SamplingParams(max_tokens=40, temperature=0.5, n=2, seed=4),
     ):
-        plain = _engine(model, num_kv_blocks=200, overlap=overlap).generate(PROMPTS, params)
-        engine = _engine(
-            model, num_kv_blocks=200, overlap=overlap, speculative="ngram", speculative_max_seqs=16
+        plain = engine_for(model, ON_GPU, num_kv_blocks=200, overlap=overlap).generate(
+            PROMPTS, params
+        )
+        engine = engine_for(
+            model,
+            ON_GPU,
+            num_kv_blocks=200,
+            overlap=overlap,
+            speculative="ngram",
+            speculative_max_seqs=16,
         )
         # Try every step (random drafts rarely pass).
         engine.debug_internals().scheduler.speculation.max_pause = 0

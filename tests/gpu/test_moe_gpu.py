@@ -3,15 +3,13 @@ transformers' generate, with CUDA graphs equal to eager."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
-from rollout import EngineConfig, LLMEngine, SamplingParams
+from rollout import SamplingParams
 from rollout.kernels.torch_moe import fused_experts_reference
 from tests import model_zoo
-from tests.conftest import random_prompts
+from tests.conftest import engine_for, random_prompts
 
 pytestmark = pytest.mark.gpu
 
@@ -86,25 +84,22 @@ def test_routing_kernel_equals_each_routers_own_forward(model_type: str, dtype) 
         torch.testing.assert_close(by_expert, want_by_expert, rtol=tol, atol=tol)
 
 
-def _engine(model, **overrides) -> LLMEngine:
-    settings = dict(
-        device="cuda",
-        dtype="float32",
-        max_model_len=256,
-        max_num_seqs=16,
-        max_num_batched_tokens=48,
-        num_kv_blocks=24,  # preemption, as in test_engine_gpu.py
-        attention="triton",
-        compile_model=False,
-    )
-    settings.update(overrides)
-    return LLMEngine.from_model(copy.deepcopy(model), EngineConfig(**settings))
+ON_GPU = dict(
+    device="cuda",
+    dtype="float32",
+    max_model_len=256,
+    max_num_seqs=16,
+    max_num_batched_tokens=48,
+    num_kv_blocks=24,  # preemption, as in test_engine_gpu.py
+    attention="triton",
+    compile_model=False,
+)
 
 
 def test_greedy_equals_transformers_with_the_fused_experts() -> None:
     model = model_zoo.tiny_model("qwen3_moe").to("cuda")
     expected = [model_zoo.hf_greedy(model, p, 40) for p in PROMPTS]
-    engine = _engine(model)
+    engine = engine_for(model, ON_GPU)
     prepared = engine.debug_internals().runner.prepared
     assert prepared.fused_experts_configs, prepared.fused_experts_declined
     assert len(prepared.fused_routers) == model.config.num_hidden_layers
@@ -123,10 +118,10 @@ def test_graphs_equal_eager_with_the_fused_experts(compile_model: bool) -> None:
     model = model_zoo.tiny_model("qwen3_moe").to("cuda", torch.bfloat16)
     sampled = SamplingParams(max_tokens=40, temperature=1.0, n=2, seed=3)
     settings = dict(num_kv_blocks=200, dtype="bfloat16", compile_model=compile_model)
-    graphed = _engine(model, **settings)
+    graphed = engine_for(model, ON_GPU, **settings)
     a = graphed.generate(PROMPTS, sampled)
     assert graphed.stats().cuda_graphs > 0
-    b = _engine(model, cuda_graphs=False, **settings).generate(PROMPTS, sampled)
+    b = engine_for(model, ON_GPU, cuda_graphs=False, **settings).generate(PROMPTS, sampled)
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
 
 
@@ -134,10 +129,10 @@ def test_fused_experts_agree_with_transformers_experts_in_bf16() -> None:
     model = model_zoo.tiny_model("mixtral").to("cuda", torch.bfloat16)
     params = SamplingParams(max_tokens=32, temperature=0)
     settings = dict(num_kv_blocks=200, dtype="bfloat16", cuda_graphs=False)
-    plain = _engine(model, fused_moe=False, fused_routing=False, **settings).generate(
+    plain = engine_for(model, ON_GPU, fused_moe=False, fused_routing=False, **settings).generate(
         PROMPTS, params
     )
-    fused = _engine(model, **settings).generate(PROMPTS, params)
+    fused = engine_for(model, ON_GPU, **settings).generate(PROMPTS, params)
     assert [r.token_ids[:2] for r in fused] == [r.token_ids[:2] for r in plain]
     same = sum(
         a == b

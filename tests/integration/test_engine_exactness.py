@@ -2,32 +2,26 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
-from rollout import EngineConfig, LLMEngine, SamplingParams
-from tests.conftest import EOS, hf_greedy, random_prompts, tiny_model
+from rollout import SamplingParams
+from tests.conftest import EOS, engine_for, hf_greedy, random_prompts, tiny_model
 
 # Mixed lengths around the block size (4), one longer than the token budget (chunked prefill).
 PROMPT_LENGTHS = (1, 3, 4, 5, 9, 17, 30)
 MAX_NEW = 24
 
 
-def _engine(model, overlap: bool, **overrides) -> LLMEngine:
-    settings = dict(
-        overlap=overlap,
-        block_size=4,
-        max_model_len=128,
-        max_num_seqs=8,
-        max_num_batched_tokens=12,  # < the longest prompt: chunked prefill, mixed steps
-        num_kv_blocks=24,  # 96 tokens for 7 sequences of up to 54: forces preemption
-        device="cpu",
-        dtype="float32",
-    )
-    settings.update(overrides)
-    return LLMEngine.from_model(copy.deepcopy(model), EngineConfig(**settings))
+PREEMPTING = dict(
+    block_size=4,
+    max_model_len=128,
+    max_num_seqs=8,
+    max_num_batched_tokens=12,  # < the longest prompt: chunked prefill, mixed steps
+    num_kv_blocks=24,  # 96 tokens for 7 sequences of up to 54: forces preemption
+    device="cpu",
+    dtype="float32",
+)
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
@@ -35,7 +29,7 @@ def test_greedy_equals_transformers_generate(arch: str, overlap: bool) -> None:
     model = tiny_model(arch)
     prompts = random_prompts(PROMPT_LENGTHS, seed=1)
     expected = [hf_greedy(model, p, MAX_NEW) for p in prompts]
-    engine = _engine(model, overlap)
+    engine = engine_for(model, PREEMPTING, overlap=overlap)
     results = engine.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0))
     assert [r.token_ids for r in results] == expected
     assert all(r.finish_reason == "length" for r in results)
@@ -52,7 +46,7 @@ def test_greedy_stops_at_eos_like_transformers(overlap: bool) -> None:
     eos = free_run[0][3]
     model = tiny_model("llama", seed=3, eos_token_id=eos)
     expected = [hf_greedy(model, p, 12) for p in prompts]
-    engine = _engine(model, overlap, num_kv_blocks=64)
+    engine = engine_for(model, PREEMPTING, overlap=overlap, num_kv_blocks=64)
     results = engine.generate(prompts, SamplingParams(max_tokens=12, temperature=0))
     assert [r.token_ids for r in results] == expected
     assert results[0].finish_reason == "stop" and results[0].token_ids[-1] == eos
@@ -74,7 +68,7 @@ def _hf_logprobs(model, prompt: list[int], tokens: list[int], temperature: float
 def test_logprobs_equal_transformers_forward(arch: str, temperature: float, overlap: bool) -> None:
     model = tiny_model(arch)
     prompts = random_prompts((3, 9, 14), seed=2)
-    engine = _engine(model, overlap, num_kv_blocks=64)
+    engine = engine_for(model, PREEMPTING, overlap=overlap, num_kv_blocks=64)
     params = SamplingParams(max_tokens=16, temperature=temperature, n=2, seed=11, top_k=40)
     results = engine.generate(prompts, params)
     for r in results:
@@ -95,7 +89,10 @@ def test_overlap_equals_sync_with_sampling(arch: str) -> None:
         SamplingParams(max_tokens=20, temperature=0),
         SamplingParams(max_tokens=18, temperature=1.0, stop_token_ids=(5, 6, 7), n=4, seed=3),
     ]
-    runs = [_engine(model, overlap).generate(prompts, params) for overlap in (False, True)]
+    runs = [
+        engine_for(model, PREEMPTING, overlap=overlap).generate(prompts, params)
+        for overlap in (False, True)
+    ]
     sync, overlap = runs
     assert [r.token_ids for r in sync] == [r.token_ids for r in overlap]
     assert [r.finish_reason for r in sync] == [r.finish_reason for r in overlap]

@@ -7,7 +7,15 @@ import copy
 import pytest
 
 from rollout import Completion, EngineConfig, LLMEngine, SamplingParams
-from tests.conftest import EOS, VOCAB, hf_greedy, random_prompts, tiny_model, tiny_tokenizer
+from tests.conftest import (
+    EOS,
+    VOCAB,
+    engine_for,
+    hf_greedy,
+    random_prompts,
+    tiny_model,
+    tiny_tokenizer,
+)
 
 
 @pytest.fixture(scope="module")
@@ -15,18 +23,14 @@ def model():
     return tiny_model("llama", seed=1, eos_token_id=EOS)
 
 
-def _engine(model, overlap: bool = True, tokenizer=None, **overrides) -> LLMEngine:
-    settings = dict(
-        overlap=overlap,
-        block_size=4,
-        max_model_len=64,
-        max_num_seqs=8,
-        max_num_batched_tokens=32,
-        num_kv_blocks=32,
-        device="cpu",
-    )
-    settings.update(overrides)
-    return LLMEngine.from_model(copy.deepcopy(model), EngineConfig(**settings), tokenizer)
+SMALL_POOL = dict(
+    block_size=4,
+    max_model_len=64,
+    max_num_seqs=8,
+    max_num_batched_tokens=32,
+    num_kv_blocks=32,
+    device="cpu",
+)
 
 
 BAD_PROMPTS = {
@@ -41,7 +45,7 @@ BAD_PROMPTS = {
 @pytest.mark.parametrize("case", sorted(BAD_PROMPTS))
 def test_bad_prompt_alone_gets_an_error_result(model, case: str) -> None:
     prompt, hint = BAD_PROMPTS[case]
-    engine = _engine(model, num_kv_blocks=10)  # 40 cache tokens < max_model_len 64
+    engine = engine_for(model, SMALL_POOL, num_kv_blocks=10)  # 40 cache tokens < max_model_len 64
     [result] = engine.generate([prompt], SamplingParams(max_tokens=4))
     assert result.finish_reason == "error"
     assert hint in result.error
@@ -53,7 +57,7 @@ def test_bad_prompts_mixed_with_good_ones(model, overlap: bool) -> None:
     good = random_prompts((4, 9, 6), seed=3)
     bad = [prompt for prompt, _ in BAD_PROMPTS.values()]
     prompts = [good[0], bad[0], good[1], bad[1], bad[2], good[2], bad[3], bad[4]]
-    engine = _engine(model, overlap, num_kv_blocks=10)
+    engine = engine_for(model, SMALL_POOL, overlap=overlap, num_kv_blocks=10)
     results = engine.generate(prompts, SamplingParams(max_tokens=8, temperature=0, n=2))
     assert len(results) == 2 * len(prompts)
     assert [r.index for r in results] == list(range(2 * len(prompts)))
@@ -70,7 +74,7 @@ def test_bad_prompts_mixed_with_good_ones(model, overlap: bool) -> None:
 def test_n_samples_share_the_prompt_blocks(model) -> None:
     # Prompt of 10 tokens with block_size 4: two full blocks shared by all 4 samples, the partly
     # filled third block copied on write by 3 of them.
-    engine = _engine(model, overlap=False, num_kv_blocks=32)
+    engine = engine_for(model, SMALL_POOL, overlap=False, num_kv_blocks=32)
     engine.add_request(random_prompts((10,), seed=8)[0], SamplingParams(max_tokens=6, n=4, seed=1))
     engine.step()  # prefill once + first token of each sample
     assert engine.stats().preemptions == 0
@@ -95,34 +99,36 @@ def test_n_samples_share_the_prompt_blocks(model) -> None:
 def test_same_seed_same_tokens_whatever_the_batch(model) -> None:
     prompt = random_prompts((7,), seed=9)[0]
     params = SamplingParams(max_tokens=12, temperature=1.0, seed=1234, n=2)
-    alone = _engine(model).generate([prompt], params)
+    alone = engine_for(model, SMALL_POOL).generate([prompt], params)
     others = random_prompts((3, 12, 5), seed=10)
-    crowded = _engine(model, overlap=False, num_kv_blocks=12).generate(
+    crowded = engine_for(model, SMALL_POOL, overlap=False, num_kv_blocks=12).generate(
         [*others, prompt], [SamplingParams(max_tokens=12, temperature=1.0)] * 3 + [params]
     )
     assert [r.token_ids for r in alone] == [r.token_ids for r in crowded[-2:]]
     assert alone[0].token_ids != alone[1].token_ids
-    different_seed = _engine(model).generate([prompt], SamplingParams(max_tokens=12, seed=99))
+    different_seed = engine_for(model, SMALL_POOL).generate(
+        [prompt], SamplingParams(max_tokens=12, seed=99)
+    )
     assert different_seed[0].token_ids != alone[0].token_ids
 
 
 def test_stream_yields_each_sample_once_as_it_finishes(model) -> None:
     prompts = random_prompts((3, 5, 8), seed=11)
     params = [SamplingParams(max_tokens=m, ignore_eos=True, n=2) for m in (20, 2, 9)]
-    order = [c.index for c in _engine(model).stream(prompts, params)]
+    order = [c.index for c in engine_for(model, SMALL_POOL).stream(prompts, params)]
     assert sorted(order) == list(range(6))
     assert set(order[:2]) == {2, 3}, "the shortest request finishes first"
 
 
 def test_ignore_eos_and_stop_token_ids(model) -> None:
     prompt = random_prompts((6,), seed=12)[0]
-    free = _engine(model).generate(
+    free = engine_for(model, SMALL_POOL).generate(
         [prompt], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
     )
     tokens = free[0].token_ids
     assert len(tokens) == 20 and free[0].finish_reason == "length"
     stop = tokens[5]
-    stopped = _engine(model).generate(
+    stopped = engine_for(model, SMALL_POOL).generate(
         [prompt],
         SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, stop_token_ids=[stop]),
     )[0]
@@ -132,7 +138,7 @@ def test_ignore_eos_and_stop_token_ids(model) -> None:
 
 def test_generation_stops_at_max_model_len(model) -> None:
     prompt = random_prompts((60,), seed=13)[0]
-    [r] = _engine(model, num_kv_blocks=20).generate(
+    [r] = engine_for(model, SMALL_POOL, num_kv_blocks=20).generate(
         [prompt], SamplingParams(max_tokens=30, ignore_eos=True)
     )
     assert r.finish_reason == "length" and len(r.token_ids) == 64 - 60
@@ -140,7 +146,7 @@ def test_generation_stops_at_max_model_len(model) -> None:
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 def test_abort_ends_a_request_and_keeps_the_others(model, overlap: bool) -> None:
-    engine = _engine(model, overlap)
+    engine = engine_for(model, SMALL_POOL, overlap=overlap)
     params = SamplingParams(max_tokens=30, ignore_eos=True)
     engine.add_request(random_prompts((5,), seed=14)[0], params, request_id="keep")
     engine.add_request(
@@ -169,7 +175,7 @@ def test_abort_ends_a_request_and_keeps_the_others(model, overlap: bool) -> None
 
 def test_string_prompts_use_the_tokenizer(model) -> None:
     tokenizer = tiny_tokenizer()
-    engine = _engine(model, tokenizer=tokenizer)
+    engine = engine_for(model, SMALL_POOL, tokenizer=tokenizer)
     [r] = engine.generate(["w5 w17 w33"], SamplingParams(max_tokens=4, temperature=0))
     assert r.prompt_token_ids == [5, 17, 33]
     assert r.token_ids == hf_greedy(model, [5, 17, 33], 4)[: len(r.token_ids)]
@@ -177,12 +183,12 @@ def test_string_prompts_use_the_tokenizer(model) -> None:
 
 def test_string_prompt_without_tokenizer_is_a_clear_error(model) -> None:
     with pytest.raises(ValueError, match="no tokenizer"):
-        _engine(model).generate(["hello"], SamplingParams())
+        engine_for(model, SMALL_POOL).generate(["hello"], SamplingParams())
 
 
 def test_params_list_must_match_prompts(model) -> None:
     with pytest.raises(ValueError, match="one per prompt"):
-        _engine(model).generate([[3, 4], [5]], [SamplingParams()])
+        engine_for(model, SMALL_POOL).generate([[3, 4], [5]], [SamplingParams()])
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
@@ -191,7 +197,7 @@ def test_queue_wait_counts_the_time_before_a_first_step(model, overlap: bool) ->
     from a prompt report its wait."""
     import time
 
-    engine = _engine(model, overlap, max_num_seqs=2)
+    engine = engine_for(model, SMALL_POOL, overlap=overlap, max_num_seqs=2)
     first, second = random_prompts((5, 6), seed=8)
     start = time.perf_counter()
     results = engine.generate([first, second], SamplingParams(max_tokens=12, ignore_eos=True, n=2))

@@ -3,30 +3,29 @@ plain decoding, greedy and sampled, in both loops, with groups and preemption.""
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 import torch
 
 from rollout import EngineConfig, LLMEngine, SamplingParams
-from tests.conftest import EOS, hf_greedy, random_prompts, tiny_model
+from tests.conftest import EOS, engine_for, hf_greedy, random_prompts, tiny_model
 
 PROMPTS = random_prompts((5, 16, 33, 9, 2, 24), seed=3)
 
 
-def _engine(model, **overrides) -> LLMEngine:
-    settings = dict(
-        device="cpu",
-        dtype="float32",
-        max_model_len=128,
-        max_num_seqs=16,
-        max_num_batched_tokens=64,
-        speculative="ngram",
-        speculative_max_seqs=16,
-    )
-    settings.update(overrides)
-    engine = LLMEngine.from_model(copy.deepcopy(model), EngineConfig(**settings))
+SPECULATING = dict(
+    device="cpu",
+    dtype="float32",
+    max_model_len=128,
+    max_num_seqs=16,
+    max_num_batched_tokens=64,
+    speculative="ngram",
+    speculative_max_seqs=16,
+)
+
+
+def _speculating_engine(model, **overrides) -> LLMEngine:
+    engine = engine_for(model, SPECULATING, **overrides)
     # Try every step: a tiny random model's drafts are rarely accepted, and the pause after
     # empty tries (tested in tests/unit/test_scheduler.py) would leave few verifications here.
     engine.debug_internals().scheduler.speculation.max_pause = 0
@@ -37,7 +36,9 @@ def _engine(model, **overrides) -> LLMEngine:
 def test_greedy_with_speculation_equals_transformers(overlap: bool) -> None:
     model = tiny_model("llama")
     expected = [hf_greedy(model, p, 48) for p in PROMPTS]
-    engine = _engine(model, overlap=overlap, num_kv_blocks=20)  # 320 tokens for 6 x ~80: preempts
+    engine = _speculating_engine(
+        model, overlap=overlap, num_kv_blocks=20
+    )  # 320 tokens for 6 x ~80: preempts
     results = engine.generate(PROMPTS, SamplingParams(max_tokens=48, temperature=0))
     assert [r.token_ids for r in results] == expected
     assert engine.stats().preemptions > 0
@@ -53,8 +54,10 @@ def test_sampled_tokens_and_logprobs_equal_the_plain_run(overlap: bool) -> None:
     speculation; groups of 3, EOS allowed to end samples."""
     model = tiny_model("llama", eos_token_id=EOS)
     params = SamplingParams(max_tokens=40, temperature=0.5, n=3, seed=11)
-    plain = _engine(model, speculative="none", overlap=overlap).generate(PROMPTS, params)
-    engine = _engine(model, overlap=overlap)
+    plain = _speculating_engine(model, speculative="none", overlap=overlap).generate(
+        PROMPTS, params
+    )
+    engine = _speculating_engine(model, overlap=overlap)
     fast = engine.generate(PROMPTS, params)
     assert [r.token_ids for r in fast] == [r.token_ids for r in plain]
     assert [r.finish_reason for r in fast] == [r.finish_reason for r in plain]
@@ -89,7 +92,9 @@ def test_emitted_tokens_follow_the_models_distribution() -> None:
     distributed as the model says (3,600 tokens; the test notices a temperature of 0.25 for 0.5)."""
     model = tiny_model("llama")
     prompts = random_prompts((12, 7, 20), seed=5)
-    engine = _engine(model, max_num_seqs=128, speculative_max_seqs=128, max_num_batched_tokens=1024)
+    engine = _speculating_engine(
+        model, max_num_seqs=128, speculative_max_seqs=128, max_num_batched_tokens=1024
+    )
     params = SamplingParams(max_tokens=12, temperature=0.5, n=100, seed=2, ignore_eos=True)
     results = engine.generate(prompts, params)
     assert engine.stats().speculation.accepted > 150, engine.stats().speculation
@@ -119,8 +124,10 @@ def test_verification_steps_laid_out_for_a_graph_emit_the_plain_tokens(overlap: 
 
     model = tiny_model("llama", eos_token_id=EOS)
     params = SamplingParams(max_tokens=40, temperature=0.5, n=3, seed=11)
-    plain = _engine(model, speculative="none", overlap=overlap).generate(PROMPTS, params)
-    engine = _engine(model, overlap=overlap, max_num_batched_tokens=128)
+    plain = _speculating_engine(model, speculative="none", overlap=overlap).generate(
+        PROMPTS, params
+    )
+    engine = _speculating_engine(model, overlap=overlap, max_num_batched_tokens=128)
     runner = engine.debug_internals().runner
     launch = runner.launch
     padded_steps = []
