@@ -22,9 +22,10 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class EngineStats:
     running_sequences: int
-    """Samples holding KV blocks: being prefilled or decoding."""
+    """Sequences holding KV blocks, being prefilled or decoding (a request of n samples is one
+    sequence until its prompt is computed, then n)."""
     waiting_sequences: int
-    """Samples queued for their (re)prefill."""
+    """Sequences queued for their prefill, or their recompute after a preemption."""
     running_output_tokens: int
     """Tokens the running samples have generated so far (not yet in a completion)."""
     num_kv_blocks: int

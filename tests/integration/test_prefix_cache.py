@@ -4,19 +4,13 @@ weight changes empty it."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
-from rollout import EngineConfig, LLMEngine, SamplingParams
-from tests.conftest import hf_greedy, random_prompts, tiny_model
+from rollout import SamplingParams
+from tests.conftest import engine_for, hf_greedy, random_prompts, tiny_model
 
-
-def _engine(model, **overrides) -> LLMEngine:
-    settings = dict(device="cpu", dtype="float32", max_model_len=256, max_num_seqs=8)
-    settings.update(overrides)
-    return LLMEngine.from_model(model, EngineConfig(**settings))
+CPU_FP32 = dict(device="cpu", dtype="float32", max_model_len=256, max_num_seqs=8)
 
 
 def _logprobs(model, ids: list[int], start: int) -> list[float]:
@@ -30,7 +24,7 @@ def _logprobs(model, ids: list[int], start: int) -> list[float]:
 @pytest.mark.parametrize("overlap", [False, True])
 def test_a_next_turn_reuses_the_kv_and_equals_a_fresh_forward(overlap: bool) -> None:
     model = tiny_model("llama")
-    engine = _engine(copy.deepcopy(model), overlap=overlap)
+    engine = engine_for(model, CPU_FP32, overlap=overlap)
     (prompt,) = random_prompts((21,), seed=8)
     first = engine.generate([prompt], SamplingParams(max_tokens=30, temperature=0))[0]
     tool_output = [7, 8, 9, 10, 11]  # tokens the model did not generate
@@ -47,7 +41,7 @@ def test_a_next_turn_reuses_the_kv_and_equals_a_fresh_forward(overlap: bool) -> 
 
 def test_groups_and_a_shared_system_prefix_hit_the_cache() -> None:
     model = tiny_model("qwen3")
-    engine = _engine(copy.deepcopy(model))
+    engine = engine_for(model, CPU_FP32)
     system = random_prompts((40,), seed=9)[0]
     questions = random_prompts((5, 9, 3), seed=10)
     engine.generate([system + questions[0]], SamplingParams(max_tokens=4, temperature=0))
@@ -60,13 +54,15 @@ def test_groups_and_a_shared_system_prefix_hit_the_cache() -> None:
 
 def test_changed_weights_are_never_served_from_the_cache() -> None:
     model = tiny_model("llama")
-    engine = _engine(model)
+    engine = engine_for(model, CPU_FP32)
     (prompt,) = random_prompts((40,), seed=11)
     engine.generate([prompt], SamplingParams(max_tokens=8, temperature=0))
-    with torch.no_grad():  # an in-place weight update, as a trainer's sync does
+    assert engine.stats().cached_kv_blocks > 0
+    with torch.no_grad():  # new weights, as a trainer's step makes them
         for p in model.parameters():
             p.mul_(1.5)
-    engine.reset_prefix_cache()
+    engine.update_weights(model.named_parameters())
+    assert engine.stats().cached_kv_blocks == 0
     hits_before = engine.stats().prefix_hit_tokens
     again = engine.generate([prompt], SamplingParams(max_tokens=8, temperature=0))[0]
     assert engine.stats().prefix_hit_tokens == hits_before
@@ -74,7 +70,7 @@ def test_changed_weights_are_never_served_from_the_cache() -> None:
 
 
 def test_caching_off_computes_every_token() -> None:
-    engine = _engine(tiny_model("llama"), enable_prefix_caching=False)
+    engine = engine_for(tiny_model("llama"), CPU_FP32, enable_prefix_caching=False)
     (prompt,) = random_prompts((40,), seed=12)
     for _ in range(2):
         engine.generate([prompt], SamplingParams(max_tokens=4, temperature=0))
