@@ -1,6 +1,6 @@
 """Load what a user names in a config: "package.module:attribute" or "path/to/file.py:attribute".
 
-Rewards (trainers/reward_loading.py) and environments (rollout/environments/) are named this way.
+Rewards (trainers/task/reward_loading.py) and environments (rollout/environments/) are named this way.
 A relative file path resolves against the current directory. Each file is loaded once, as its own
 module under a name no import can clash with, so two entries from one file share its state.
 """

@@ -1,7 +1,7 @@
 """Every causal-LM family transformers ships (its auto mapping): a tiny random model of each one
 that can be built small is either served exactly like `generate` or refused when the engine is
 built. Never silently different, never a crash later. Prints the table of outcomes
-(`pytest -s tests/integration/test_model_sweep.py`; the README's "Models" table comes from it)."""
+(`pytest -s tests/integration/test_model_sweep.py`; the table in docs/models.md comes from it)."""
 
 from __future__ import annotations
 
@@ -65,8 +65,8 @@ def table(outcomes: list[Outcome]) -> str:
 
 def reason(message: str) -> str:
     """The kind of refusal: its first clause, without model names, layer numbers, the values
-    of this tiny config and the pointer to the README."""
-    text = message.split("exactly: ", 1)[-1].split(". See the README")[0]
+    of this tiny config and the pointer to docs/models.md."""
+    text = message.split("exactly: ", 1)[-1].split(". See docs/models.md")[0]
     text = text.split(": its")[0].split(", so the engine")[0].split("; load")[0]
     text = re.sub(r"^\w+ (computes attention)", r"\1", text)
     text = re.sub(r"^\w+Config (is a composite|gives its layers)", r"the config \1", text)

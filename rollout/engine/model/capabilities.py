@@ -191,5 +191,5 @@ def refusal(model: torch.nn.Module, problems: list[str]) -> str:
     return (
         f"the engine cannot serve {type(model).__name__} exactly: "
         + "; ".join(problems)
-        + ". See the README's 'Models' section for what is supported."
+        + ". See docs/models.md for what is supported."
     )
