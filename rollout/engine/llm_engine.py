@@ -16,7 +16,13 @@ from rollout.engine.execution.kv_cache import KVCacheShape, decide_num_blocks
 from rollout.engine.execution.model_runner import ModelRunner
 from rollout.engine.forward_check import check_forward
 from rollout.engine.model.capabilities import check_config
-from rollout.engine.model.loader import load_model, load_tokenizer, resolve_device, resolve_dtype
+from rollout.engine.model.loader import (
+    eos_token_ids_of,
+    load_model,
+    load_tokenizer,
+    resolve_device,
+    resolve_dtype,
+)
 from rollout.engine.sampling_params import SamplingParams
 from rollout.engine.scheduling.block_manager import BlockManager
 from rollout.engine.scheduling.request_checks import check_prompt
@@ -82,7 +88,7 @@ class LLMEngine:
             model, config, device, dtype, self.num_kv_blocks, self.vocab_size
         )
         loop_class = OverlapLoop if config.overlap else SyncLoop
-        eos_token_ids = _eos_token_ids(model, tokenizer)
+        eos_token_ids = eos_token_ids_of(model, tokenizer)
         stop_string_hit = StopStrings(tokenizer).hit if tokenizer is not None else None
 
         def new_scheduler(block_manager: BlockManager) -> Scheduler:
@@ -268,21 +274,6 @@ class LLMEngine:
                 )
             return self.tokenizer.encode(prompt, add_special_tokens=True)
         return list(prompt)
-
-
-def _eos_token_ids(model, tokenizer) -> frozenset[int]:
-    ids: set[int] = set()
-    generation_config = getattr(model, "generation_config", None)
-    eos = getattr(generation_config, "eos_token_id", None) if generation_config else None
-    if eos is None:
-        eos = getattr(model.config, "eos_token_id", None)
-    if isinstance(eos, int):
-        ids.add(eos)
-    elif eos is not None:
-        ids.update(int(e) for e in eos)
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return frozenset(ids)
 
 
 def _params_per_prompt(prompts, params) -> list[SamplingParams]:

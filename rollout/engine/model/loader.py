@@ -64,3 +64,20 @@ def decoder_layers(model: torch.nn.Module, setting: str) -> list[torch.nn.Module
             f"cannot find the decoder layers of {type(model).__name__}; set {setting}=False"
         )
     return list(layers)
+
+
+def eos_token_ids_of(model, tokenizer) -> frozenset[int]:
+    """The token ids that end a sample: the generation config's (else the model config's) and
+    the tokenizer's."""
+    ids: set[int] = set()
+    generation_config = getattr(model, "generation_config", None)
+    eos = getattr(generation_config, "eos_token_id", None) if generation_config else None
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif eos is not None:
+        ids.update(int(e) for e in eos)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
