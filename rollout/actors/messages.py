@@ -72,3 +72,15 @@ class CompletedGroup:
             min(s.weight_versions[0] for s in self.samples),
             max(s.weight_versions[1] for s in self.samples),
         )
+
+
+@dataclass(frozen=True)
+class ActorDeath:
+    """A rollout actor the pool lost: its groups were regenerated on the others."""
+
+    actor: int
+    at: float
+    """Wall-clock time (time.time()) the pool noticed."""
+    error: str
+    live_actors: int
+    """Actors still alive after it."""

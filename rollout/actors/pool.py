@@ -14,10 +14,11 @@ import itertools
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout.actors.messages import CompletedGroup, FinishedSample, GroupRequest
+from rollout.actors.messages import ActorDeath, CompletedGroup, FinishedSample, GroupRequest
 from rollout.actors.pool_weights import ActorsLostDuringSync, ActorWeightSync
 from rollout.actors.worker import RolloutWorker
 from rollout.engine.config import EngineConfig
@@ -82,6 +83,9 @@ class RolloutPool:
                 "start_timeout_s for a large model"
             ) from err
         self.dead: dict[int, str] = {}
+        self.deaths: list[ActorDeath] = []
+        self.on_actor_death: Callable[[ActorDeath], None] | None = None
+        """Called (from the thread that noticed it) with each actor the pool loses."""
         self.version = 0
         self._groups: dict[int, _Group] = {}
         self._load = dict.fromkeys(self.actors, 0)
@@ -284,6 +288,8 @@ class RolloutPool:
             if actor in self.dead:  # seen by both the collector and a call between steps
                 return
             self.dead[actor] = repr(err)
+            death = ActorDeath(actor, time.time(), repr(err), len(self.actors) - len(self.dead))
+            self.deaths.append(death)
             orphans = [g for g in self._groups.values() if g.actor == actor]
             try:
                 self._ray.kill(self.actors[actor], no_restart=True)
@@ -291,11 +297,13 @@ class RolloutPool:
                 pass
             if len(self.dead) == len(self.actors):
                 self._done.put(RuntimeError(f"all rollout actors died; last error: {err!r}"))
-                return
-            for group in orphans:
-                self._load[actor] -= group.cost
-                group.request = dataclasses.replace(
-                    group.request, attempt=group.request.attempt + 1
-                )
-                group.samples.clear()
-                self._dispatch(group)
+            else:
+                for group in orphans:
+                    self._load[actor] -= group.cost
+                    group.request = dataclasses.replace(
+                        group.request, attempt=group.request.attempt + 1
+                    )
+                    group.samples.clear()
+                    self._dispatch(group)
+        if self.on_actor_death is not None:
+            self.on_actor_death(death)

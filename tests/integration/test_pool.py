@@ -113,6 +113,8 @@ def test_a_dead_actor_loses_nothing(ray_cluster, model_dir) -> None:
     from rollout.actors.pool import RolloutPool
 
     pool = RolloutPool(_config(model_dir), num_actors=2)
+    reported = []
+    pool.on_actor_death = reported.append
     try:
         prompts = random_prompts([4] * 8, seed=32)
         ids = [
@@ -127,6 +129,8 @@ def test_a_dead_actor_loses_nothing(ray_cluster, model_dir) -> None:
         assert all(len(g.samples) == 2 for g in groups)
         assert all(len(s.token_ids) == 100 for g in groups for s in g.samples)
         assert 0 in pool.dead
+        assert [(d.actor, d.live_actors) for d in reported] == [(0, 1)], "reported once"
+        assert pool.deaths == reported
         assert any(s.actor == 1 and s.attempt == 1 for g in groups for s in g.samples), (
             "the dead actor's groups were generated again on the other"
         )
