@@ -4,7 +4,10 @@ W&B), and at the end a plot of reward and rollout throughput over the steps."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+_THROUGHPUT = "rollout/step_tokens_per_s"
 
 
 def step_line(logs: dict, step: int, max_steps: int, step_s: float | None) -> str:
@@ -20,8 +23,9 @@ def step_line(logs: dict, step: int, max_steps: int, step_s: float | None) -> st
         ]
         detail = f" ({', '.join(per_function)})" if per_function else ""
         parts.append(f"reward {logs['reward']:.2f}{detail}")
-    if "rollout/tokens_per_s" in logs:
-        parts.append(f"rollout {logs['rollout/tokens_per_s']:,.0f} tok/s")
+    throughput = logs.get("rollout/step_tokens_per_s", logs.get("rollout/tokens_per_s"))
+    if throughput is not None:  # the step's own (the windowed figure when it is missing)
+        parts.append(f"rollout {throughput:,.0f} tok/s")
     if "rollout/staleness" in logs:
         parts.append(f"staleness {logs['rollout/staleness']:.1f}")
     if "rollout/error_samples" in logs and logs["rollout/error_samples"]:
@@ -53,6 +57,40 @@ def console_callback(max_steps: int):
     return StepLine()
 
 
+class ActorDeaths:
+    """A console line for each rollout actor the pool loses (the run goes on with the others,
+    which generate its groups again), and the record the summary keeps of them."""
+
+    def __init__(self, pool, current_step: Callable[[], int]) -> None:
+        self.pool = pool
+        self.started = time.time()
+        self.num_actors = len(pool.actors)
+        self._current_step = current_step
+        self._steps: dict[int, int] = {}  # actor -> the optimizer step it died in
+        pool.on_actor_death = self._report
+
+    def _report(self, death) -> None:
+        step = self._current_step()
+        self._steps[death.actor] = step
+        print(
+            f"[train_grpo] rollout actor {death.actor} died at step {step} ({death.error}); "
+            f"{death.live_actors} of {self.num_actors} actor(s) go on",
+            flush=True,
+        )
+
+    def summary(self) -> list[dict]:
+        """One entry per dead actor: which, when (seconds into the run, optimizer step), why."""
+        return [
+            {
+                "actor": d.actor,
+                "after_s": round(d.at - self.started, 1),
+                "step": self._steps.get(d.actor),
+                "error": d.error,
+            }
+            for d in self.pool.deaths
+        ]
+
+
 def quiet_default_printing(trainer) -> None:
     """transformers prints every log as a dict (60 keys here); the step line replaces that."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -61,11 +99,20 @@ def quiet_default_printing(trainer) -> None:
     trainer.remove_callback(PrinterCallback)
 
 
+def training_rows(log_history: list[dict]) -> list[dict]:
+    """The steps' own logs, one per optimizer step, in step order (the run's closing log, which
+    repeats the last step, is left out)."""
+    by_step = {}
+    for e in log_history:
+        if "step" in e and "train_runtime" not in e and ("reward" in e or _THROUGHPUT in e):
+            by_step.setdefault(e["step"], e)
+    return [by_step[step] for step in sorted(by_step)]
+
+
 def plot_training(log_history: list[dict], path: Path) -> Path | None:
-    """Reward and rollout tokens/s over the optimizer steps, as a PNG (None: nothing logged)."""
-    rows = [
-        e for e in log_history if "step" in e and ("reward" in e or "rollout/tokens_per_s" in e)
-    ]
+    """Reward and each step's rollout tokens/s over the optimizer steps, as a PNG, one point per
+    step (None: nothing logged)."""
+    rows = training_rows(log_history)
     if not rows:
         return None
     import matplotlib
@@ -76,7 +123,7 @@ def plot_training(log_history: list[dict], path: Path) -> Path | None:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     for key, axis, label in (
         ("reward", top, "reward (mean)"),
-        ("rollout/tokens_per_s", bottom, "rollout tokens/s"),
+        (_THROUGHPUT, bottom, "rollout tokens/s (the step's)"),
     ):
         points = [(e["step"], e[key]) for e in rows if key in e]
         if points:

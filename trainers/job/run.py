@@ -31,9 +31,15 @@ from trainers.job.checkpoints import (
     wandb_run_id,
 )
 from trainers.job.config import JobConfig
-from trainers.job.console import console_callback, plot_training, quiet_default_printing
+from trainers.job.console import (
+    ActorDeaths,
+    console_callback,
+    plot_training,
+    quiet_default_printing,
+)
 from trainers.job.placement import plan_placement, ray_sees
 from trainers.job.preflight import check_inputs
+from trainers.job.session_reaper import local_session_name, start_session_reaper
 from trainers.job.stopping import GracefulStop
 from trainers.job.summary import job_summary
 from trainers.trl_adapter import JobInputs, attach_rollout_logging, build_trainer
@@ -79,6 +85,7 @@ def run_job(config: JobConfig) -> dict:
         # A resumed run continues the weight versions, so staleness is counted as before.
         pool.version = saved.get("model_version", 0)
         built = None
+        deaths = ActorDeaths(pool, lambda: built.trainer.state.global_step if built else 0)
         try:
             built = build_trainer(
                 JobInputs(
@@ -101,6 +108,8 @@ def run_job(config: JobConfig) -> dict:
             final_model = save_final_model(trainer, inputs.tokenizer, out)
             summary = job_summary(config, built, pool.actor_metrics(), seconds, placement, out)
             summary.update(
+                actors_at_end=placement.num_actors - len(pool.dead),
+                actor_deaths=deaths.summary(),
                 final_model=str(final_model),
                 checkpoints=[str(c) for c in checkpoints(out)],
                 checkpoint_saves=[
@@ -186,10 +195,15 @@ def ray_session(config: JobConfig, placement) -> Iterator[None]:
             configure_logging=False,
             **({} if joining else placement.ray_init_kwargs),
         )
+    # A session of our own ends with the job even if the job is killed outright.
+    reaper = None if joining else start_session_reaper(local_session_name())
     try:
         yield
     finally:
         ray.shutdown()
+        if reaper is not None:  # Ray has ended in order: nothing left to watch
+            reaper.kill()
+            reaper.wait()
 
 
 def train(trainer, config: JobConfig, resume: Path | None) -> float:

@@ -47,6 +47,6 @@ def job_summary(
         "error_samples": built.error_samples,
         "wandb_dir": str(out / "wandb"),
         "mode": config.trainer.mode,
-        "num_actors": placement.num_actors,
+        "num_actors": placement.num_actors,  # started; actors_at_end and actor_deaths follow
         "config": to_dict(config),
     }

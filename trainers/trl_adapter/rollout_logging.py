@@ -3,6 +3,8 @@ where each optimizer step's time went."""
 
 from __future__ import annotations
 
+import time
+
 # TRL's streaming trainer logs where each optimizer step's wall time went.
 _STEP_PARTS = {
     "step": "perf/step_s",
@@ -36,12 +38,37 @@ def step_time_split(log_history: list[dict]) -> dict[str, float] | None:
     return split or None
 
 
+class StepThroughput:
+    """Rollout tokens per second since the previous step's log: the step's own throughput (the
+    actors' windowed `tokens_per_s` averages over 30 s, which a slow step outlasts)."""
+
+    def __init__(self) -> None:
+        self._at = time.monotonic()
+        self._totals: dict[int, float] = {}  # actor -> total_tokens at the last step log
+
+    def update(self, stats: dict[int, dict[str, float]]) -> float:
+        now = time.monotonic()
+        # Per actor, so an actor that dies (and leaves the stats) takes nothing back.
+        tokens = sum(
+            max(0.0, values["total_tokens"] - self._totals.get(actor, 0.0))
+            for actor, values in stats.items()
+        )
+        rate = tokens / (now - self._at) if now > self._at else 0.0
+        self._at = now
+        self._totals.update({actor: values["total_tokens"] for actor, values in stats.items()})
+        return rate
+
+
 def attach_rollout_logging(trainer, pool, transfer) -> None:
-    """Add the actors' rollout metrics (per actor and summed/averaged) to every trainer log, so
-    W&B shows them beside TRL's own in one run."""
+    """Add the actors' rollout metrics (per actor and summed/averaged), the step's own rollout
+    throughput and the live actors to every trainer log, so W&B shows them beside TRL's own in
+    one run; an actor's death shows as `rollout/actor_died` (its id) in the next log."""
     original = trainer.log
+    throughput = StepThroughput()
+    deaths_logged = 0
 
     def log(logs: dict, *args, **kwargs):
+        nonlocal deaths_logged
         try:
             stats = pool.actor_metrics()
         except Exception:  # noqa: BLE001 - metrics must never stop training
@@ -58,6 +85,12 @@ def attach_rollout_logging(trainer, pool, transfer) -> None:
                 present = [v[key] for v in stats.values() if key in v]
                 if present:
                     logs[f"rollout/{key}"] = sum(present) / len(present)
+            if "train_runtime" not in logs:  # a step's log, not the run's closing one
+                logs["rollout/step_tokens_per_s"] = throughput.update(stats)
+        logs["rollout/live_actors"] = len(pool.actors) - len(pool.dead)
+        if len(pool.deaths) > deaths_logged:
+            logs["rollout/actor_died"] = pool.deaths[-1].actor
+            deaths_logged = len(pool.deaths)
         if transfer.history:
             last = transfer.history[-1]
             logs["rollout/weight_sync_s"] = last["seconds"]
