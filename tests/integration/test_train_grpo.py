@@ -284,3 +284,98 @@ def test_sigterm_stops_at_a_step_end_with_a_checkpoint_and_no_processes_left(
     assert Path(summary["final_model"]).is_dir()
     time.sleep(2)
     assert _ray_processes() <= before, "Ray's processes ended with the job"
+
+
+_KILL_AN_ACTOR = '''
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+MARK = Path(__file__).with_suffix(".killed")
+
+
+def kill_an_actor(prompts, completions, **kwargs):
+    """Scores nothing; on its first call kills one rollout actor's process, as a crash would."""
+    if not MARK.exists():
+        MARK.write_text("")
+        listing = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True)
+        pids = [int(l.split()[0]) for l in listing.stdout.splitlines() if "ray::RolloutWorker" in l]
+        os.kill(max(pids), signal.SIGKILL)
+    return [0.0] * len(completions)
+'''
+
+
+@pytest.mark.slow
+def test_a_dead_actor_is_reported_and_the_run_goes_on(tmp_path, policy_dir, prompts_file, capsys):
+    from trainers.job import run_job
+    from trainers.job.config import load_config
+
+    rewards = tmp_path / "killing_rewards.py"
+    rewards.write_text(_KILL_AN_ACTOR)
+    config = load_config(
+        None,
+        [
+            f"output_dir={tmp_path / 'run'}",
+            f"model={policy_dir}",
+            f"dataset.source={prompts_file}",
+            f"rewards=[exact_answer, {rewards}:kill_an_actor]",
+            "rollout.num_actors=2",
+            "trainer.max_steps=3",
+            "trainer.num_generations=2",
+            "trainer.prompts_per_step=2",
+            "trainer.max_completion_length=8",
+            "wandb.mode=disabled",
+            "rollout.engine={max_model_len: 64, max_num_seqs: 16, num_kv_blocks: 64, block_size: 8}",
+        ],
+    )
+    summary = run_job(config)
+    out = capsys.readouterr().out
+    assert summary["steps"] == 3, "the run went on with the other actor"
+    assert summary["num_actors"] == 2 and summary["actors_at_end"] == 1
+    [death] = summary["actor_deaths"]
+    assert death["actor"] in (0, 1) and death["step"] is not None and death["after_s"] > 0
+    assert f"[train_grpo] rollout actor {death['actor']} died at step" in out
+    assert "1 of 2 actor(s) go on" in out
+    history = json.loads((tmp_path / "run" / "checkpoint-3" / "trainer_state.json").read_text())
+    logs = history["log_history"]
+    assert [e["rollout/actor_died"] for e in logs if "rollout/actor_died" in e] == [death["actor"]]
+    assert logs[-1]["rollout/live_actors"] == 1
+
+
+@pytest.mark.slow
+def test_a_killed_job_leaves_no_ray_process_behind(tmp_path, policy_dir, prompts_file) -> None:
+    """SIGKILL runs no code in the job: its watcher ends the Ray session's processes (Ray's own
+    agents would otherwise linger for up to a minute), then itself."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    before = _ray_processes()
+    job = subprocess.Popen(
+        [
+            sys.executable, "scripts/train_grpo.py", f"output_dir={tmp_path / 'killed'}",
+            f"model={policy_dir}", f"dataset.source={prompts_file}", "trainer.max_steps=200",
+            "trainer.num_generations=2", "trainer.prompts_per_step=2",
+            "trainer.max_completion_length=8", "wandb.mode=disabled",
+            "rollout.engine={max_model_len: 64, max_num_seqs: 16, num_kv_blocks: 64, block_size: 8}",
+        ],
+        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    seen = []
+    for line in job.stdout:
+        seen.append(line)
+        if line.startswith("[step 1/200]"):
+            break
+    assert seen and seen[-1].startswith("[step 1/200]"), "".join(seen[-30:])
+    assert _ray_processes() - before, "the job runs Ray processes of its own"
+    job.kill()
+    job.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while _ray_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _ray_processes() - before, "Ray's processes outlived the killed job"
+    listing = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout
+    assert "session_tree" not in listing, "the watcher ended too"
