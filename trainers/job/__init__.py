@@ -5,7 +5,8 @@
 - placement.py    where the trainer and the rollout actors run
 - checkpoints.py  the checkpoint to resume from, and the rollout side's part of each
 - stopping.py     Ctrl-C and SIGTERM end the run at a step boundary
-- console.py      one line per step, and the training plot
+- console.py      one line per step, a line per dead actor, and the training plot
+- session_reaper.py  the local Ray session's processes ended even if the job is killed
 - summary.py      summary.json
 
 Leaves room for the trainer ranks (FSDP2 over Ray) that come next: their placement on the
