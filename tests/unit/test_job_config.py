@@ -323,12 +323,15 @@ def test_the_script_refuses_a_bad_value_in_one_line_in_seconds(tmp_path) -> None
     root = Path(__file__).resolve().parents[2]
     bad = tmp_path / "bad.yaml"
     bad.write_text("trainer:\n  max_steps: [3\n")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder\n")
     cases = {
         "trainer.learning_rate=-1": ["trainer.learning_rate=-1"],
         "trainer.temperature=0": ["trainer.temperature=0"],
         "trainer.max_steps=abc": ["trainer.max_steps=abc"],
         "override 'trainer.max_steps=['": ["trainer.max_steps=["],
         f"{bad}:3:1": ["--config", str(bad)],
+        f"output_dir={a_file}": [f"output_dir={a_file}"],
     }
     for named, argv in cases.items():
         start = time.perf_counter()
@@ -346,3 +349,26 @@ def test_the_script_refuses_a_bad_value_in_one_line_in_seconds(tmp_path) -> None
         assert len(lines) == 1 and lines[0].startswith(f"train_grpo.py: error: {named}"), lines
         assert seconds < 20, (argv, seconds)  # Ray alone takes longer to start
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_an_output_dir_that_is_a_file_stops_the_job_before_any_work(
+    tmp_path, monkeypatch, below
+) -> None:
+    from trainers.job import run
+    from trainers.job.preflight import JobInputError
+
+    def too_far(*args, **kwargs):
+        raise AssertionError("the job went on past prepare_run_directory")
+
+    monkeypatch.setattr(run, "check_inputs", too_far)
+    monkeypatch.setattr(run, "ray_session", too_far)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder\n")
+    output_dir = str(a_file / below) if below else str(a_file)
+    config = load_config(None, [f"output_dir={output_dir}"])
+    with pytest.raises(JobInputError) as caught:
+        run.run_job(config)
+    assert str(caught.value) == (
+        f"output_dir={output_dir}: {a_file} is a file, not a folder; choose another output_dir"
+    )
