@@ -372,3 +372,16 @@ def test_an_output_dir_that_is_a_file_stops_the_job_before_any_work(
     assert str(caught.value) == (
         f"output_dir={output_dir}: {a_file} is a file, not a folder; choose another output_dir"
     )
+
+
+def test_an_environment_that_cannot_be_loaded_is_named_before_ray(tmp_path) -> None:
+    from trainers.job.preflight import JobInputError, _environment
+
+    _environment(load_config(None, []))  # none configured: nothing to load
+    _environment(
+        load_config(None, ["environment.name=rollout.environments.calculator:CalculatorEnv"])
+    )
+    missing = tmp_path / "envs.py"
+    config = load_config(None, [f"environment.name={missing}:Env"])
+    with pytest.raises(JobInputError, match=rf"^environment.name={missing}:Env: .*not found"):
+        _environment(config)
