@@ -36,8 +36,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     try:
         config = load_config(args.config, args.overrides)
-    except (ValueError, FileNotFoundError) as err:
-        parser.error(str(err))
+    except ValueError as err:  # a config value: one line naming the key, no traceback
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
     try:
         summary = run_job(config)
     except JobInputError as err:  # the user's input: one line, no traceback

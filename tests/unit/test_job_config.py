@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+
 import pytest
 
+from rollout.engine.config import EngineConfig
 from trainers.job.config import JobConfig, load_config
 
 
@@ -43,7 +47,7 @@ def test_rows_too_short_to_share_a_prompt_hold_one_sample_each() -> None:
         (["trainer.mode=fast"], "trainer.mode"),
         (["trainer.num_generations=1"], "num_generations"),
         (["wandb.mode=cloud"], "wandb.mode"),
-        (["trainer=3"], "trainer must be a mapping"),
+        (["trainer=3"], "trainer=3: must be a mapping"),
         (["max_steps"], "key=value"),
     ],
 )
@@ -78,7 +82,7 @@ def test_a_token_budget_splits_the_step_into_forwards() -> None:
     ("overrides", "message"),
     [
         (["trainer.token_budget=999"], "below rollout.engine.max_model_len=1024"),
-        (["trainer.gradient_accumulation_steps=0"], "gradient_accumulation_steps must be >= 1"),
+        (["trainer.gradient_accumulation_steps=0"], "gradient_accumulation_steps=0: must be >= 1"),
         (["trainer.mode=sync", "trainer.gradient_accumulation_steps=3"], "must divide"),
     ],
 )
@@ -113,5 +117,271 @@ def test_the_environment_reward_needs_an_environment() -> None:
     )
     limits = config.episode_limits()
     assert (limits.max_turns, limits.max_tokens) == (2, 96)
-    with pytest.raises(ValueError, match="max_turns and max_turn_tokens must be >= 1"):
+    with pytest.raises(ValueError, match="environment.max_turn_tokens=0: must be >= 1"):
         load_config(None, ["environment.max_turn_tokens=0"])
+
+
+# ---- every value checked when the config is built: one line naming the key --------------------
+
+
+def _refusal(overrides: list[str], path: str | None = None) -> str:
+    from trainers.job.config import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, overrides)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        # The issue's cases: each failed after Ray had started, or with a traceback.
+        (
+            "trainer.learning_rate=-1",
+            "trainer.learning_rate=-1: must be > 0 (GPU recipes use ~1e-6)",
+        ),
+        ("trainer.temperature=-1", "trainer.temperature=-1: must be > 0 (0.7-1.0 are usual)"),
+        ("trainer.max_steps=abc", "trainer.max_steps=abc: must be a whole number"),
+        # Ranges.
+        ("trainer.learning_rate=0", "trainer.learning_rate=0: must be > 0"),
+        ("trainer.max_steps=0", "trainer.max_steps=0: must be >= 1"),
+        ("trainer.num_generations=1", "trainer.num_generations=1: must be >= 2: GRPO's advantages"),
+        ("trainer.prompts_per_step=0", "trainer.prompts_per_step=0: must be >= 1"),
+        ("trainer.max_completion_length=0", "trainer.max_completion_length=0: must be >= 1"),
+        ("trainer.max_staleness=-1", "trainer.max_staleness=-1: must be >= 0"),
+        ("trainer.weight_sync_steps=0", "trainer.weight_sync_steps=0: must be >= 1"),
+        ("trainer.token_budget=0", "trainer.token_budget=0: must be >= 1"),
+        ("trainer.logging_steps=0", "trainer.logging_steps=0: must be >= 1"),
+        ("trainer.save_steps=-1", "trainer.save_steps=-1: must be >= 0 (0: no checkpoints"),
+        ("trainer.save_total_limit=0", "trainer.save_total_limit=0: must be >= 1 or null"),
+        ("trainer.dtype=fp32", "trainer.dtype=fp32: must be float32, bfloat16 or float16"),
+        ("rollout.num_actors=-1", "rollout.num_actors=-1: must be >= 0"),
+        ("rollout.cpus_per_actor=-0.5", "rollout.cpus_per_actor=-0.5: must be >= 0"),
+        ("rollout.cpus_per_actor=0.00001", "rollout.cpus_per_actor=1e-05: Ray takes at most 4"),
+        ("rollout.weight_sync_backend=mpi", "rollout.weight_sync_backend=mpi: must be auto,"),
+        ("dataset.num_examples=0", "dataset.num_examples=0: must be >= 1 (null: all rows)"),
+        ("dataset.source=''", "dataset.source='': must not be empty"),
+        ("environment.max_turns=0", "environment.max_turns=0: must be >= 1"),
+        ("environment.tool_timeout_s=0", "environment.tool_timeout_s=0: must be > 0"),
+        ("environment.name=calc", "environment.name=calc: give 'package.module:Class' or"),
+        ("wandb.project=''", "wandb.project='': must not be empty"),
+        ("seed=-1", "seed=-1: must be between 0 and 2**32 - 1"),
+        ("seed=4294967296", "seed=4294967296: must be between 0 and 2**32 - 1"),
+        ("model=''", "model='': must not be empty"),
+        ("output_dir=", "output_dir=null: must be a string"),
+        ("rewards=[]", "rewards=[]: give at least one reward function"),
+        ("rewards=3", "rewards=3: must be a list of strings"),
+        ("reward_weights=0.5", "reward_weights=0.5: must be a list of finite numbers or null"),
+        ("reward_weights=[1, 2, 3]", "reward_weights=[1, 2, 3]: 3 weights for 2 rewards"),
+        # Types of every kind.
+        ("trainer.learning_rate=[1]", "trainer.learning_rate=[1]: must be a finite number"),
+        ("trainer.learning_rate=.nan", "trainer.learning_rate=nan: must be a finite number"),
+        ("trainer.max_steps=2.5", "trainer.max_steps=2.5: must be a whole number"),
+        ("trainer.max_steps=true", "trainer.max_steps=true: must be a whole number"),
+        (
+            "trainer.gradient_checkpointing=maybe",
+            "trainer.gradient_checkpointing=maybe: must be true",
+        ),
+        ("trainer.mode=[streaming]", "trainer.mode=[streaming]: must be a string"),
+        ("rollout.engine=3", "rollout.engine=3: must be a mapping"),
+        ("model.path=x", "model={path: x}: is a single value, not a section"),
+    ],
+)
+def test_every_bad_value_is_one_line_naming_its_key(override, message) -> None:
+    assert _refusal([override]).startswith(message)
+
+
+def test_a_greedy_temperature_is_refused_with_the_reason() -> None:
+    message = _refusal(["trainer.temperature=0"])
+    assert message.startswith("trainer.temperature=0: must be > 0: at 0 (greedy)")
+    assert "all equal" in message
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("rollout.engine.max_model_len=-1", "rollout.engine.max_model_len=-1: must be a positive"),
+        ("rollout.engine.max_model_len=abc", "rollout.engine.max_model_len=abc: must be a whole"),
+        ("rollout.engine.gpu_memory_utilization=2", "engine.gpu_memory_utilization=2: must be in"),
+        ("rollout.engine.gpu_memory_utilization=x", "engine.gpu_memory_utilization=x: must be a"),
+        ("rollout.engine.overlap=maybe", "rollout.engine.overlap=maybe: must be true or false"),
+        ("rollout.engine.dtype=fp8", "rollout.engine.dtype=fp8: must be one of"),
+        ("rollout.engine.model=/m", "rollout.engine.model=/m: the job sets it from the top-level"),
+        ("rollout.engine.seed=3", "rollout.engine.seed=3: the job sets it from the top-level"),
+        ("rollout.engine.max_len=8", "unknown config key(s) ['rollout.engine.max_len']"),
+    ],
+)
+def test_engine_errors_name_the_jobs_key(override, message) -> None:
+    """EngineConfig's own checks, reported under the key the user wrote."""
+    assert message in _refusal([override])
+
+
+def _leaf_fields(cls, prefix: str = ""):
+    """(dotted key, annotation) of every value field under a config dataclass, sections opened."""
+    for f in dataclasses.fields(cls):
+        nested = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if nested is not None and dataclasses.is_dataclass(nested):
+            yield from _leaf_fields(nested, f"{prefix}{f.name}.")
+        else:
+            yield prefix + f.name, str(f.type)
+
+
+_ENGINE_FIELDS = [(f"rollout.engine.{key}", kind) for key, kind in _leaf_fields(EngineConfig)]
+_ALL_FIELDS = list(_leaf_fields(JobConfig)) + [
+    (key, kind)
+    for key, kind in _ENGINE_FIELDS
+    if key not in ("rollout.engine.model", "rollout.engine.seed")
+]
+# A wrong value for each kind of field: not a number, not a bool, not a string.
+_WRONG = {"int": "abc", "float": "[1, 2]", "bool": "maybe", "str": "[a, b]"}
+
+
+@pytest.mark.parametrize(("key", "kind"), _ALL_FIELDS, ids=[key for key, _ in _ALL_FIELDS])
+def test_every_field_refuses_a_value_of_the_wrong_kind(key, kind) -> None:
+    """Driven by the dataclasses' fields: a new field cannot skip the type checks."""
+    base = kind.replace(" | None", "")
+    if base not in _WRONG:  # rewards, reward_weights, rollout.engine: their own cases above
+        assert base in ("tuple[str, ...]", "tuple[float, ...]", "dict"), (key, kind)
+        return
+    message = _refusal([f"{key}={_WRONG[base]}"])
+    assert message.startswith(f"{key}="), message
+    assert ": must be " in message
+
+
+def test_every_numeric_field_refuses_a_non_number() -> None:
+    numeric = [key for key, kind in _ALL_FIELDS if kind.split(" |")[0] in ("int", "float")]
+    assert "trainer.learning_rate" in numeric and "rollout.engine.max_model_len" in numeric
+    for key in numeric:
+        for value in ("abc", "[1]", "{a: 1}", "true"):
+            message = _refusal([f"{key}={value}"])
+            assert message.startswith(f"{key}="), message
+
+
+def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("output_dir: out\ntrainer:\n  max_steps: 3\n  learning_rate: [1e-6\n")
+    message = _refusal([], str(path))
+    assert message.startswith(f"{path}:5:1: not valid YAML: ")
+    path.write_text("trainer:\n  max_steps: 3\n    temperature: 0.7\n")
+    assert _refusal([], str(path)).startswith(f"{path}:3:16: not valid YAML: mapping values")
+
+
+def test_a_config_file_that_is_missing_or_not_a_mapping(tmp_path) -> None:
+    assert (
+        _refusal([], str(tmp_path / "nope.yaml"))
+        == f"--config {tmp_path / 'nope.yaml'}: no such file"
+    )
+    assert _refusal([], str(tmp_path)).startswith(f"--config {tmp_path}: is a folder")
+    path = tmp_path / "list.yaml"
+    path.write_text("- a\n- b\n")
+    assert _refusal([], str(path)) == f"{path}: the top level must be a mapping of keys"
+    path.write_text("trainer:\n  max_steps: abc\n")
+    assert _refusal([], str(path)) == "trainer.max_steps=abc: must be a whole number"
+
+
+def test_an_override_that_is_not_yaml_names_the_override() -> None:
+    message = _refusal(["trainer.max_steps=["])
+    assert message.startswith("override 'trainer.max_steps=[': the value is not valid YAML (")
+    assert _refusal(["trainer..max_steps=3"]).startswith("override 'trainer..max_steps=3' must")
+
+
+def test_an_override_below_a_value_names_it(tmp_path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("model: smollm2\n")
+    message = _refusal(["model.path=x"], str(path))
+    assert message == "override 'model.path=x': model is a value, not a section with keys"
+
+
+def test_an_empty_section_in_the_file_is_the_defaults(tmp_path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("trainer:\nrollout:\n  engine: {max_model_len: 512}\n")
+    config = load_config(str(path), ["trainer.max_steps=3"])
+    assert config.trainer.max_steps == 3 and config.max_sample_tokens == 512
+
+
+def test_the_config_classes_check_when_built_directly() -> None:
+    from trainers.job.config import ConfigError, RolloutConfig, TrainerConfig
+
+    with pytest.raises(ConfigError, match=r"^trainer.learning_rate=-1: must be > 0"):
+        TrainerConfig(learning_rate=-1)
+    with pytest.raises(ConfigError, match=r"^rollout.engine.block_size=0: must be a positive"):
+        RolloutConfig(engine={"block_size": 0})
+    with pytest.raises(ConfigError, match=r"^trainer=\{max_steps: 3\}: must be a TrainerConfig$"):
+        JobConfig(trainer={"max_steps": 3})
+    assert JobConfig(rewards=["exact_answer"], reward_weights=[2]).reward_weights == (2,)
+
+
+def test_the_script_refuses_a_bad_value_in_one_line_in_seconds(tmp_path) -> None:
+    """The whole path, as a user runs it: exit 2, one stderr line naming the key, no Ray."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  max_steps: [3\n")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder\n")
+    cases = {
+        "trainer.learning_rate=-1": ["trainer.learning_rate=-1"],
+        "trainer.temperature=0": ["trainer.temperature=0"],
+        "trainer.max_steps=abc": ["trainer.max_steps=abc"],
+        "override 'trainer.max_steps=['": ["trainer.max_steps=["],
+        f"{bad}:3:1": ["--config", str(bad)],
+        f"output_dir={a_file}": [f"output_dir={a_file}"],
+    }
+    for named, argv in cases.items():
+        start = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, str(root / "scripts" / "train_grpo.py"), *argv],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(root)},
+        )
+        seconds = time.perf_counter() - start
+        assert done.returncode == 2, (argv, done.stderr)
+        lines = done.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"train_grpo.py: error: {named}"), lines
+        assert seconds < 20, (argv, seconds)  # Ray alone takes longer to start
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_an_output_dir_that_is_a_file_stops_the_job_before_any_work(
+    tmp_path, monkeypatch, below
+) -> None:
+    from trainers.job import run
+    from trainers.job.preflight import JobInputError
+
+    def too_far(*args, **kwargs):
+        raise AssertionError("the job went on past prepare_run_directory")
+
+    monkeypatch.setattr(run, "check_inputs", too_far)
+    monkeypatch.setattr(run, "ray_session", too_far)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder\n")
+    output_dir = str(a_file / below) if below else str(a_file)
+    config = load_config(None, [f"output_dir={output_dir}"])
+    with pytest.raises(JobInputError) as caught:
+        run.run_job(config)
+    assert str(caught.value) == (
+        f"output_dir={output_dir}: {a_file} is a file, not a folder; choose another output_dir"
+    )
+
+
+def test_an_environment_that_cannot_be_loaded_is_named_before_ray(tmp_path) -> None:
+    from trainers.job.preflight import JobInputError, _environment
+
+    _environment(load_config(None, []))  # none configured: nothing to load
+    _environment(
+        load_config(None, ["environment.name=rollout.environments.calculator:CalculatorEnv"])
+    )
+    missing = tmp_path / "envs.py"
+    config = load_config(None, [f"environment.name={missing}:Env"])
+    with pytest.raises(JobInputError, match=rf"^environment.name={missing}:Env: .*not found"):
+        _environment(config)

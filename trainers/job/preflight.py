@@ -1,5 +1,6 @@
 """Everything a job needs from the user, checked before Ray starts: the model folder, the dataset,
-the reward functions and the lengths. A mistake is a `JobInputError` with one line that names the
+the reward functions, the environment class and the lengths (the config's own values are checked
+when it is built, trainers/job/config.py; output_dir by prepare_run_directory). A mistake is a `JobInputError` with one line that names the
 key and what to change; `scripts/train_grpo.py` prints it without a traceback."""
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def check_inputs(config: JobConfig) -> CheckedInputs:
     tokenizer = _tokenizer(model_path)
     dataset = _dataset(config)
     reward_funcs = _rewards(config)
+    _environment(config)
     dataset, dropped = _fitting_prompts(config, dataset, PromptFormatter(tokenizer))
     return CheckedInputs(model_path, tokenizer, dataset, reward_funcs, dropped)
 
@@ -80,6 +82,18 @@ def _rewards(config: JobConfig) -> list[Callable]:
         return get_reward_functions(list(config.rewards))
     except (ValueError, ImportError, AttributeError, TypeError, OSError) as err:
         raise JobInputError(f"rewards: {err}") from err
+
+
+def _environment(config: JobConfig) -> None:
+    """The environment class loads here as it will on the actors (same working directory)."""
+    if config.environment.name is None:
+        return
+    from rollout.environments.base import load_environment
+
+    try:
+        load_environment(config.environment.name)
+    except (ValueError, ImportError) as err:
+        raise JobInputError(f"environment.name={config.environment.name}: {err}") from err
 
 
 def _fitting_prompts(config: JobConfig, dataset, formatter) -> tuple[Any, int]:

@@ -38,7 +38,7 @@ from trainers.job.console import (
     quiet_default_printing,
 )
 from trainers.job.placement import plan_placement, ray_sees
-from trainers.job.preflight import check_inputs
+from trainers.job.preflight import JobInputError, check_inputs
 from trainers.job.session_reaper import local_session_name, start_session_reaper
 from trainers.job.stopping import GracefulStop
 from trainers.job.summary import job_summary
@@ -161,10 +161,27 @@ def save_final_model(trainer, tokenizer, out: Path) -> Path:
 
 
 def prepare_run_directory(config: JobConfig) -> Path:
-    """The output directory, the environment defaults, and W&B inside the run directory
-    (offline unless asked otherwise)."""
+    """The output directory (a `JobInputError` naming output_dir when it cannot be one), the
+    environment defaults, and W&B inside the run directory (offline unless asked otherwise)."""
     out = Path(config.output_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocking = next(p for p in (out, *out.parents) if p.exists() and not p.is_dir())
+        raise JobInputError(
+            f"output_dir={config.output_dir}: {blocking} is a file, not a folder; choose another "
+            "output_dir"
+        ) from None
+    except OSError as err:
+        raise JobInputError(
+            f"output_dir={config.output_dir}: {out} cannot be created ({err.strerror}); choose "
+            "a folder you can write to"
+        ) from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise JobInputError(
+            f"output_dir={config.output_dir}: {out} is not writable; choose a folder you can "
+            "write to"
+        )
     set_process_env_defaults()
     os.environ["WANDB_MODE"] = config.wandb.mode
     os.environ.setdefault("WANDB_PROJECT", config.wandb.project)
