@@ -26,7 +26,6 @@ from rollout.prompts import PromptFormatter
 from trainers.job.checkpoints import (
     checkpoints,
     read_rollout_state,
-    resolve_resume,
     rollout_state_callback,
     wandb_run_id,
 )
@@ -34,6 +33,7 @@ from trainers.job.config import JobConfig
 from trainers.job.console import console_callback, plot_training, quiet_default_printing
 from trainers.job.placement import plan_placement, ray_sees
 from trainers.job.preflight import check_inputs
+from trainers.job.resume import resolve_resume
 from trainers.job.stopping import GracefulStop
 from trainers.job.summary import job_summary
 from trainers.trl_adapter import JobInputs, attach_rollout_logging, build_trainer
@@ -48,6 +48,7 @@ def run_job(config: JobConfig) -> dict:
 
     # Everything the user gave, checked before Ray: a mistake fails in seconds, in one line.
     inputs = check_inputs(config)
+    # The checkpoint too: a missing or damaged file stops the run here, not inside the trainer.
     resume = resolve_resume(config.trainer.resume_from_checkpoint, out)
     saved = read_rollout_state(resume)
     os.environ["WANDB_RUN_ID"] = saved.get("wandb_run_id") or wandb_run_id(out)
