@@ -145,6 +145,12 @@ def test_resume_continues_steps_data_and_weights(tmp_path, policy_dir, prompts_f
     assert names == ["checkpoint-2", "checkpoint-4"]
     assert [s["step"] for s in first["checkpoint_saves"]] == [2, 4]
     assert all(s["gib"] > 0 and s["seconds"] > 0 for s in first["checkpoint_saves"])
+    from pathlib import Path
+
+    from trainers.job.resume import check_checkpoint
+
+    # transformers' files (scheduler, RNG states, training args too) pass the resume checks.
+    assert all(check_checkpoint(Path(c)) for c in first["checkpoints"]), "complete, marked"
     step2 = tmp_path / "a" / "checkpoint-2"
     saved = json.loads((step2 / "rollout_state.json").read_text())
     assert saved["model_version"] >= 2 and saved["dataset_position"] >= 4  # 2 steps x 2 prompts

@@ -60,34 +60,6 @@ def test_reward_log_reads_first_and_last_version_means() -> None:
 # ---- checkpoints ------------------------------------------------------------------------------
 
 
-def test_resume_latest_picks_the_newest_complete_checkpoint(tmp_path) -> None:
-    from trainers.job.checkpoints import checkpoints, resolve_resume
-
-    for step in (2, 10, 4):
-        folder = tmp_path / f"checkpoint-{step}"
-        folder.mkdir()
-        (folder / "trainer_state.json").write_text("{}")
-    (tmp_path / "checkpoint-12").mkdir()  # being written when the run died: no trainer state
-    assert [p.name for p in checkpoints(tmp_path)][:3] == [
-        "checkpoint-2",
-        "checkpoint-4",
-        "checkpoint-10",
-    ]
-    assert resolve_resume("latest", tmp_path).name == "checkpoint-10"
-    assert resolve_resume(str(tmp_path / "checkpoint-4"), tmp_path).name == "checkpoint-4"
-    assert resolve_resume(None, tmp_path) is None
-
-
-def test_resume_errors_say_what_to_do(tmp_path) -> None:
-    from trainers.job.checkpoints import resolve_resume
-    from trainers.job.preflight import JobInputError
-
-    with pytest.raises(JobInputError, match="no checkpoint under"):
-        resolve_resume("latest", tmp_path)
-    with pytest.raises(JobInputError, match="not a checkpoint folder"):
-        resolve_resume(str(tmp_path / "nowhere"), tmp_path)
-
-
 def test_the_wandb_run_id_is_made_once_per_output_dir(tmp_path) -> None:
     from trainers.job.checkpoints import wandb_run_id
 

@@ -3,7 +3,8 @@
 - config.py       JobConfig: YAML and dotted overrides
 - preflight.py    the user's inputs, checked before Ray starts
 - placement.py    where the trainer and the rollout actors run
-- checkpoints.py  the checkpoint to resume from, and the rollout side's part of each
+- resume.py       the checkpoint to resume from, checked whole before Ray starts
+- checkpoints.py  the rollout side's part of each checkpoint, and the marker that completes it
 - stopping.py     Ctrl-C and SIGTERM end the run at a step boundary
 - console.py      one line per step, a line per dead actor, and the training plot
 - session_reaper.py  the local Ray session's processes ended even if the job is killed

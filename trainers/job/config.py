@@ -83,9 +83,12 @@ class TrainerConfig:
     save_total_limit: int | None = 2
     """Checkpoints kept under output_dir (the oldest go first); None keeps all."""
     resume_from_checkpoint: str | None = None
-    """"latest": the newest checkpoint under output_dir; or a checkpoint folder's path; None:
-    start afresh. Resuming restores the model, optimizer, scheduler, step, RNG states, the
-    dataset position and the weight version, and continues the same W&B run."""
+    """"latest": the newest checkpoint under output_dir, which must be complete (its
+    checkpoint_complete.json lists files all there at their sizes) and readable, else the run
+    stops before any work, naming it; "latest_valid": the newest complete, readable one, skipping
+    newer broken ones; or a checkpoint folder's path (checked the same way); None: start afresh.
+    Resuming restores the model, optimizer, scheduler, step, RNG states, the dataset position and
+    the weight version, and continues the same W&B run."""
 
     def __post_init__(self) -> None:
         k = "trainer."

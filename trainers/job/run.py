@@ -26,7 +26,6 @@ from rollout.prompts import PromptFormatter
 from trainers.job.checkpoints import (
     checkpoints,
     read_rollout_state,
-    resolve_resume,
     rollout_state_callback,
     wandb_run_id,
 )
@@ -39,6 +38,7 @@ from trainers.job.console import (
 )
 from trainers.job.placement import plan_placement, ray_sees
 from trainers.job.preflight import JobInputError, check_inputs
+from trainers.job.resume import resolve_resume
 from trainers.job.session_reaper import local_session_name, start_session_reaper
 from trainers.job.stopping import GracefulStop
 from trainers.job.summary import job_summary
@@ -54,6 +54,7 @@ def run_job(config: JobConfig) -> dict:
 
     # Everything the user gave, checked before Ray: a mistake fails in seconds, in one line.
     inputs = check_inputs(config)
+    # The checkpoint too: a missing or damaged file stops the run here, not inside the trainer.
     resume = resolve_resume(config.trainer.resume_from_checkpoint, out)
     saved = read_rollout_state(resume)
     os.environ["WANDB_RUN_ID"] = saved.get("wandb_run_id") or wandb_run_id(out)
