@@ -115,3 +115,15 @@ def test_the_environment_reward_needs_an_environment() -> None:
     assert (limits.max_turns, limits.max_tokens) == (2, 96)
     with pytest.raises(ValueError, match="max_turns and max_turn_tokens must be >= 1"):
         load_config(None, ["environment.max_turn_tokens=0"])
+
+
+@pytest.mark.parametrize("value", ["nan", ".nan", ".inf", "abc", "true", "[0]"])
+def test_reward_nan_value_must_be_a_finite_number(value) -> None:
+    with pytest.raises(ValueError, match="reward_nan_value must be a"):
+        load_config(None, [f"reward_nan_value={value}"])
+
+
+def test_reward_nan_value_defaults_to_an_error_and_takes_a_number() -> None:
+    assert load_config(None, []).reward_nan_value is None
+    assert load_config(None, ["reward_nan_value=0"]).reward_nan_value == 0
+    assert load_config(None, ["reward_nan_value=-1.5"]).reward_nan_value == -1.5

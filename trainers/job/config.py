@@ -6,6 +6,7 @@ Unknown keys are errors that name the key; every field says what it does.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,11 @@ class JobConfig:
     -> list[float] (async def allowed). The sample's reward is their weighted sum."""
     reward_weights: tuple[float, ...] | None = None
     """One weight per reward function; None: 1.0 each."""
+    reward_nan_value: float | None = None
+    """What a NaN or infinite value from a reward function means. None: an error that stops the
+    run, naming the function and how many completions got one. A number (e.g. 0.0): such values
+    count as it, with a warning giving their count each time. A reward's None ("this function
+    does not score this completion") is not affected: it adds nothing to the sample's reward."""
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -248,6 +254,16 @@ class JobConfig:
             raise ValueError(
                 f"reward_weights has {len(self.reward_weights)} entries for {len(self.rewards)} "
                 "rewards; give one weight per reward function, or none"
+            )
+        nan_value = self.reward_nan_value
+        if nan_value is not None and (
+            isinstance(nan_value, bool)
+            or not isinstance(nan_value, int | float)
+            or not math.isfinite(nan_value)
+        ):
+            raise ValueError(
+                f"reward_nan_value must be a finite number (what a reward's NaN or infinity "
+                f"counts as) or null (such a value stops the run); got {nan_value!r}"
             )
         if t.token_budget is not None and t.token_budget < self.max_sample_tokens:
             raise ValueError(
