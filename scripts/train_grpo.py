@@ -44,12 +44,33 @@ def main(argv: list[str] | None = None) -> dict:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
     except KeyboardInterrupt:
         parser.exit(130, f"\n{parser.prog}: stopped\n")
+    except Exception as err:
+        failed = reward_error_in(err)
+        if failed is None:
+            raise
+        # The user's reward failed: where it raised, once, then one line naming it.
+        sys.stderr.write(failed.user_traceback())
+        parser.exit(1, f"{parser.prog}: error: {failed}\n")
     report = {k: v for k, v in summary.items() if k != "config"}
     print("\n[train_grpo] done")
     for key, value in report.items():
         print(f"  {key}: {value}")
     print(f"  summary: {Path(config.output_dir).resolve() / 'summary.json'}")
     return summary
+
+
+def reward_error_in(err: BaseException):
+    """The RewardFunctionError ``err`` is or chains (TRL or accelerate may wrap it), or None."""
+    from trainers.task.reward_loading import RewardFunctionError
+
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, RewardFunctionError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 if __name__ == "__main__":

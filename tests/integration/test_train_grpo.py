@@ -385,3 +385,51 @@ def test_a_killed_job_leaves_no_ray_process_behind(tmp_path, policy_dir, prompts
     assert not _ray_processes() - before, "Ray's processes outlived the killed job"
     listing = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout
     assert "session_tree" not in listing, "the watcher ended too"
+
+
+FAILING_REWARD = """
+REASON = "no answer " + "key"  # built here, so no traceback line quotes the message
+
+
+def judge(prompts, completions, **columns):
+    return _ask(completions)
+
+
+def _ask(completions):
+    raise ValueError(REASON)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["streaming", "sync"])
+def test_a_raising_reward_ends_the_run_with_one_line_naming_it(
+    tmp_path, policy_dir, prompts_file, mode
+) -> None:
+    """Exit 1; where the reward raised printed once, then a last line naming the function and
+    the exception: not a chain of wrappers ending in 'rollout worker failed'."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    reward = tmp_path / "my_rewards.py"
+    reward.write_text(FAILING_REWARD)
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [
+            sys.executable, "scripts/train_grpo.py", f"output_dir={tmp_path / 'run'}",
+            f"model={policy_dir}", f"dataset.source={prompts_file}", f"trainer.mode={mode}",
+            f"rewards=[{reward}:judge]", "trainer.max_steps=1", "trainer.prompts_per_step=2",
+            "trainer.num_generations=2", "trainer.max_completion_length=8", "wandb.mode=disabled",
+            "rollout.engine={max_model_len: 64, max_num_seqs: 16, num_kv_blocks: 64, block_size: 8}",
+        ],
+        cwd=root, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    last = result.stderr.rstrip("\n").splitlines()[-1]
+    assert last == (
+        f"train_grpo.py: error: reward function '{reward}:judge' raised ValueError: no answer key"
+    ), result.stderr[-3000:]
+    assert result.stderr.count("no answer key") == 1, result.stderr
+    assert result.stderr.count("Traceback (most recent call last)") == 1, result.stderr
+    assert "raise ValueError(REASON)" in result.stderr, "the user's frame is shown"
+    assert "rollout worker failed" not in result.stderr

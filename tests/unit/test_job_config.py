@@ -385,3 +385,15 @@ def test_an_environment_that_cannot_be_loaded_is_named_before_ray(tmp_path) -> N
     config = load_config(None, [f"environment.name={missing}:Env"])
     with pytest.raises(JobInputError, match=rf"^environment.name={missing}:Env: .*not found"):
         _environment(config)
+
+
+@pytest.mark.parametrize("value", ["nan", ".nan", ".inf", "abc", "true", "[0]"])
+def test_reward_nan_value_must_be_a_finite_number(value) -> None:
+    with pytest.raises(ValueError, match="^reward_nan_value="):
+        load_config(None, [f"reward_nan_value={value}"])
+
+
+def test_reward_nan_value_defaults_to_an_error_and_takes_a_number() -> None:
+    assert load_config(None, []).reward_nan_value is None
+    assert load_config(None, ["reward_nan_value=0"]).reward_nan_value == 0
+    assert load_config(None, ["reward_nan_value=-1.5"]).reward_nan_value == -1.5

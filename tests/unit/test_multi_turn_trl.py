@@ -1,5 +1,6 @@
 """What TRL receives from multi-turn episodes: the environment's tokens masked out of the loss,
-the environment's reward as a column, in both trainer modes (no Ray, a stand-in pool)."""
+the environment's reward as a column, in both trainer modes (no Ray, a stand-in pool); and a
+failing reward surfacing from the streaming worker as it is."""
 
 from __future__ import annotations
 
@@ -69,6 +70,28 @@ def test_the_sync_rollout_func_gives_trl_env_mask_and_env_reward() -> None:
     assert out["env_mask"] == [[1, 1, 0, 0, 1]] * 4
     assert out["env_reward"] == [0.25, 0.5, 0.25, 0.5]
     assert environment([], [], env_reward=[0.25, None]) == [0.25, 0.0]
+
+
+def test_the_streaming_worker_surfaces_a_failing_reward_as_it_is() -> None:
+    """Not wrapped in a generic 'rollout worker failed': train_grpo.py reports it in one line."""
+    from trainers.task.reward_loading import RewardFunctionError
+    from trainers.trl_adapter.streaming import PoolRolloutWorker
+
+    def judge(prompts, completions, **columns):
+        raise ValueError("no judge")
+
+    formatter = SimpleNamespace(prompt_ids=lambda prompt: [5, 6], completion=lambda ids, p: "a")
+    worker = PoolRolloutWorker(
+        _Pool(), [{"prompt": "w3 w4", "answer": "1"}], formatter, [judge],
+        SamplingParams(n=2, max_tokens=8), max_inflight_groups=1,
+    )  # fmt: skip
+    worker.start()
+    worker._thread.join(timeout=30)
+    assert not worker._thread.is_alive(), "the worker stops at the failing reward"
+    with pytest.raises(RewardFunctionError) as info:
+        worker.check_health(stale_after_s=60)
+    assert str(info.value) == "reward function 'judge' raised ValueError: no judge"
+    assert isinstance(info.value.original, ValueError)
 
 
 def test_the_calculator_evaluates_arithmetic_only_and_scores_the_last_number() -> None:

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainers.task.reward_loading import RewardFunctionError
 from trainers.task.rewards import (
     REWARD_FUNCTIONS,
     answer_format,
@@ -111,7 +112,9 @@ def test_registry_names_match_function_names() -> None:
 
 
 def test_get_reward_functions_in_order() -> None:
-    assert get_reward_functions(["answer_format", "exact_answer"]) == [answer_format, exact_answer]
+    functions = get_reward_functions(["answer_format", "exact_answer"])
+    assert [fn.__wrapped__ for fn in functions] == [answer_format, exact_answer]
+    assert [fn.__name__ for fn in functions] == ["answer_format", "exact_answer"]
 
 
 def test_get_reward_functions_unknown_name() -> None:
@@ -141,6 +144,15 @@ async def polite(prompts, completions, **columns):
 
 def exact_answer(prompts, completions, **columns):  # clashes with the built-in's name
     return [0.0] * len(completions)
+
+
+def broken(prompts, completions, **columns):
+    raise ValueError("no judge")
+
+
+def nan_for_empty(prompts, completions, **columns):
+    flip = [float("nan"), float("inf")]
+    return [float(len(c)) if c else flip[i % 2] for i, c in enumerate(completions)]
 """
 
 
@@ -156,7 +168,7 @@ def test_get_reward_functions_mixes_the_three_forms_in_order(my_rewards) -> None
         [f"{my_rewards}:polite", "exact_answer", "trainers.task.rewards:answer_format"]
     )
     assert [fn.__name__ for fn in functions] == ["polite", "exact_answer", "answer_format"]
-    assert functions[1:] == [exact_answer, answer_format]
+    assert [fn.__wrapped__ for fn in functions[1:]] == [exact_answer, answer_format]
     assert functions[0](prompts=["p", "p"], completions=["please", "now"]) == [1.0, None]
 
 
@@ -214,34 +226,86 @@ def test_score_group_refuses_a_wrong_number_of_weights() -> None:
         _score([answer_format, answer_format], [1.0])
 
 
-def test_a_raising_reward_is_named_with_the_group_size() -> None:
+def test_a_raising_reward_is_named_with_its_exception() -> None:
     def flaky(prompts, completions, **columns):
         raise KeyError("missing column")
 
-    with pytest.raises(RuntimeError) as info:
+    with pytest.raises(RewardFunctionError) as info:
         _score([answer_format, flaky])
-    assert str(info.value) == (
-        "reward function flaky failed on a group of 3 completions: KeyError('missing column')"
-    )
-    assert isinstance(info.value.__cause__, KeyError)
+    assert str(info.value) == "reward function 'flaky' raised KeyError: 'missing column'"
+    assert info.value.name == "flaky" and isinstance(info.value.original, KeyError)
+    assert info.value.__cause__ is info.value.original
+
+
+def test_a_raising_reward_is_named_by_its_config_entry(my_rewards) -> None:
+    (broken,) = get_reward_functions([f"{my_rewards}:broken"])
+    with pytest.raises(RewardFunctionError) as info:
+        broken(prompts=["p"], completions=["a"])
+    assert str(info.value) == f"reward function '{my_rewards}:broken' raised ValueError: no judge"
+    # Where it raised: the user's frames, not the wrapper's, and not the last line again.
+    where = info.value.user_traceback()
+    assert where.startswith("Traceback (most recent call last):")
+    assert f'File "{my_rewards}", line' in where and "raise ValueError" in where
+    assert "reward_loading.py" not in where and "ValueError: no judge" not in where
 
 
 @pytest.mark.parametrize(
     ("returned", "message"),
     [
-        ([1.0, 2.0], "reward function bad returned 2 values for 3 completions"),
-        (1.0, "reward function bad returned a float; it must return a list of 3"),
-        ("1.0", "reward function bad returned a str"),
-        ([1.0, "0.5", 0.0], "reward function bad returned '0.5' \\(a str\\) for completion 1"),
-        ([1.0, [2.0], 0.0], "reward function bad returned \\[2.0\\] \\(a list\\) for completion 1"),
+        ([1.0, 2.0], "reward function 'bad' returned 2 values for 3 completions"),
+        (1.0, "reward function 'bad' returned a float; it must return a list of 3"),
+        ("1.0", "reward function 'bad' returned a str"),
+        ([1.0, "0.5", 0.0], "reward function 'bad' returned '0.5' \\(a str\\) for completion 1"),
+        (
+            [1.0, [2.0], 0.0],
+            "reward function 'bad' returned \\[2.0\\] \\(a list\\) for completion 1",
+        ),
     ],
 )
 def test_a_reward_returning_the_wrong_shape_is_named(returned, message) -> None:
     def bad(prompts, completions, **columns):
         return returned
 
-    with pytest.raises(RuntimeError, match=message):
+    with pytest.raises(RewardFunctionError, match=message) as info:
         _score([bad])
+    assert info.value.name == "bad" and info.value.user_traceback() == ""
+
+
+@pytest.mark.parametrize(
+    ("bad", "what"),
+    [(math.nan, "NaN"), (math.inf, "infinity"), (-np.inf, "infinity")],
+)
+def test_a_non_finite_reward_is_an_error_naming_the_function_and_the_count(bad, what) -> None:
+    def half_bad(prompts, completions, **columns):
+        return [bad if i % 2 else 1.0 for i in range(len(completions))]
+
+    with pytest.raises(RewardFunctionError) as info:
+        _score([half_bad], completions=["a"] * 8)
+    assert str(info.value).startswith(
+        f"reward function 'half_bad' returned {what} for 4 of 8 completions (indices 1, 3, 5, 7)"
+    )
+    assert "reward_nan_value" in str(info.value), "the message names the opt-in"
+
+
+def test_none_still_means_not_scored_beside_a_nan_check() -> None:
+    def partial(prompts, completions, **columns):
+        return [None, 1.0, None]
+
+    scored = _score([partial])
+    np.testing.assert_allclose(scored.rewards, [0.0, 1.0, 0.0])
+
+
+def test_the_opt_in_counts_nan_and_infinity_as_the_stated_value_with_a_warning(my_rewards) -> None:
+    (fn,) = get_reward_functions([f"{my_rewards}:nan_for_empty"], nan_value=-1.0)
+    with pytest.warns(RuntimeWarning) as caught:
+        scored = _score([fn], completions=["ab", "", "", "abc"])
+    np.testing.assert_allclose(scored.rewards, [2.0, -1.0, -1.0, 3.0])
+    assert [str(w.message) for w in caught] == [
+        f"reward function '{my_rewards}:nan_for_empty' returned NaN or infinity for 2 of 4 "
+        "completions; counted as -1.0 (reward_nan_value), 2 so far"
+    ]
+    with pytest.warns(RuntimeWarning, match="for 1 of 2 completions.*, 3 so far"):
+        assert fn(prompts=["p", "p"], completions=["", "a"]) == [-1.0, 1.0]
 
 
 def test_numpy_values_and_tuples_are_numbers_enough() -> None:

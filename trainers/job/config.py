@@ -212,6 +212,11 @@ class JobConfig:
     -> list[float] (async def allowed). The sample's reward is their weighted sum."""
     reward_weights: tuple[float, ...] | None = None
     """One weight per reward function; None: 1.0 each."""
+    reward_nan_value: float | None = None
+    """What a NaN or infinite value from a reward function means. None: an error that stops the
+    run, naming the function and how many completions got one. A number (e.g. 0.0): such values
+    count as it, with a warning giving their count each time. A reward's None ("this function
+    does not score this completion") is not affected: it adds nothing to the sample's reward."""
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     """The prompts (`dataset.*`)."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

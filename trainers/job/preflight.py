@@ -79,7 +79,7 @@ def _rewards(config: JobConfig) -> list[Callable]:
     from trainers.task.rewards import get_reward_functions
 
     try:
-        return get_reward_functions(list(config.rewards))
+        return get_reward_functions(list(config.rewards), config.reward_nan_value)
     except (ValueError, ImportError, AttributeError, TypeError, OSError) as err:
         raise JobInputError(f"rewards: {err}") from err
 

@@ -12,7 +12,12 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from trainers.task.reward_loading import RewardFunction, load_reward_function, reward_name
+from trainers.task.reward_loading import (
+    RewardFunction,
+    checked_reward,
+    load_reward_function,
+    reward_name,
+)
 
 # A number as models write it: optional minus, either comma-grouped thousands (1,234,567) or plain
 # digits, then an optional fraction. A minus counts only when no letter or digit precedes it, so
@@ -140,12 +145,18 @@ for _name, _fn in REWARD_FUNCTIONS.items():
     assert _fn.__name__ == _name, f"reward {_fn.__name__} is registered as {_name}"
 
 
-def get_reward_functions(entries: Sequence[str]) -> list[RewardFunction]:
+def get_reward_functions(
+    entries: Sequence[str], nan_value: float | None = None
+) -> list[RewardFunction]:
     """The reward functions ``entries`` name, in order (for GRPOTrainer's reward_funcs).
 
     An entry is a registered name (REWARD_FUNCTIONS), "package.module:function" or
     "path/to/file.py:function"; ``async def`` functions come back as plain ones. Raises
     ValueError, naming the entry, for one that cannot be loaded.
+
+    Each comes back checked (``checked_reward``), so both trainer modes stop on a failing reward
+    with a ``RewardFunctionError`` naming its entry; ``nan_value`` (the job's reward_nan_value)
+    is what a NaN or infinite value counts as, None making it an error.
     """
     if not entries:
         raise ValueError(
@@ -165,4 +176,6 @@ def get_reward_functions(entries: Sequence[str]) -> list[RewardFunction]:
                 "rename one of the functions"
             )
         seen[name] = entry
-    return functions
+    return [
+        checked_reward(fn, entry, nan_value) for entry, fn in zip(entries, functions, strict=True)
+    ]

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from trainers.task.reward_loading import reward_name
+from trainers.task.reward_loading import checked_reward, reward_name
 
 
 @dataclass
@@ -31,8 +30,9 @@ def score_group(
     advantage = (r - mean) / (std + 1e-4), as TRL's GRPO does by default.
 
     A reward's None values ("no reward for this sample") count as 0 in the sum and NaN in
-    `per_function`. A reward that raises, or returns anything but one number or None per
-    completion, stops with a RuntimeError naming it.
+    `per_function`. A reward that raises, returns anything but one number or None per
+    completion, or returns NaN or infinity (unless it was wrapped with a `nan_value`), stops
+    with a `RewardFunctionError` naming it (`trainers.task.reward_loading.checked_reward`).
     """
     if weights is None:
         weights = [1.0] * len(reward_funcs)
@@ -45,47 +45,12 @@ def score_group(
     per_function = {}
     total = np.zeros(n, dtype=np.float64)
     for fn, weight in zip(reward_funcs, weights, strict=True):
-        name = reward_name(fn)
-        try:
-            returned = fn(
-                prompts=prompts, completions=completions, completion_ids=completion_ids, **columns
-            )
-        except Exception as err:
-            # The user's traceback stays chained below; this line says which reward and where.
-            raise RuntimeError(
-                f"reward function {name} failed on a group of {n} completions: {err!r}"
-            ) from err
-        values = _reward_values(name, returned, n)
-        per_function[name] = values
+        # The job's rewards come checked already (get_reward_functions); this covers any other.
+        returned = checked_reward(fn)(
+            prompts=prompts, completions=completions, completion_ids=completion_ids, **columns
+        )
+        values = np.array([np.nan if v is None else v for v in returned], dtype=np.float64)
+        per_function[reward_name(fn)] = values
         total += weight * np.nan_to_num(values)
     advantages = (total - total.mean()) / (total.std() + 1e-4)
     return ScoredGroup(total, per_function, advantages)
-
-
-def _reward_values(name: str, returned: Any, n: int) -> np.ndarray:
-    """A reward's return value as [n] floats (None -> NaN), or a RuntimeError naming it."""
-    # A string or a mapping has a length too, but is never one value per completion. TRL calls
-    # len() on the result, so an iterator without one would fail there: refuse it here as well.
-    if isinstance(returned, str | bytes | Mapping) or not hasattr(returned, "__len__"):
-        raise RuntimeError(
-            f"reward function {name} returned a {type(returned).__name__}; it must return a "
-            f"list of {n} floats (or None), one per completion"
-        )
-    if len(returned) != n:
-        raise RuntimeError(
-            f"reward function {name} returned {len(returned)} values for {n} completions; "
-            "it must return one float (or None) per completion"
-        )
-    values = np.empty(n, dtype=np.float64)
-    for i, value in enumerate(returned):
-        # float() would also read "0.5" from a string: a reward returning text is a bug to report.
-        try:
-            if isinstance(value, str | bytes):
-                raise TypeError
-            values[i] = np.nan if value is None else float(value)
-        except (TypeError, ValueError):
-            raise RuntimeError(
-                f"reward function {name} returned {value!r} (a {type(value).__name__}) for "
-                f"completion {i}; each value must be a number or None"
-            ) from None
-    return values

@@ -23,6 +23,7 @@ import numpy as np
 
 from rollout.engine.sampling_params import SamplingParams
 from rollout.prompts import PromptFormatter
+from trainers.task.reward_loading import RewardFunctionError
 from trainers.task.scoring import score_group
 from trainers.trl_adapter.args import trl_args, trl_config
 from trainers.trl_adapter.tree_attention import TREE_ATTENTION_NAME, register_tree_attention
@@ -165,6 +166,10 @@ class PoolRolloutWorker:
         self.model_version = model_version
 
     def check_health(self, stale_after_s: float) -> None:
+        if isinstance(self._error, RewardFunctionError):
+            # The user's reward failed: the error names it and holds its traceback. Raised as it
+            # is, so train_grpo.py reports it in one line instead of a generic wrapper's chain.
+            raise self._error
         if self._error is not None:
             raise RuntimeError("rollout worker failed") from self._error
         if time.time() - self._last_progress > stale_after_s:
