@@ -157,7 +157,7 @@ def run(config, out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     from benchmarks.lib.report import commit_id
-    from trainers.job.config import load_config
+    from trainers.job.config_loading import load_config
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

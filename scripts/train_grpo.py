@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     from trainers.job import run_job
-    from trainers.job.config import load_config
+    from trainers.job.config_loading import load_config
     from trainers.job.preflight import JobInputError
 
     try:

@@ -22,7 +22,7 @@ pytest.importorskip("trl")
 def test_three_grpo_steps_with_an_actor_on_the_gpu(tmp_path, policy, prompts_file, request) -> None:
     """A dense and an MoE policy (the actor runs the MoE experts with the fused kernel)."""
     from trainers.job import run_job
-    from trainers.job.config import load_config
+    from trainers.job.config_loading import load_config
 
     policy_dir = request.getfixturevalue(policy)
 

@@ -14,7 +14,7 @@ pytest.importorskip("trl")
 @pytest.mark.parametrize("mode", ["streaming", "sync"])
 def test_two_grpo_steps_through_ray_actors(tmp_path, policy_dir, prompts_file, mode) -> None:
     from trainers.job import run_job
-    from trainers.job.config import load_config
+    from trainers.job.config_loading import load_config
 
     config = load_config(
         None,
@@ -55,7 +55,7 @@ def test_an_moe_policy_trains_with_speculating_actors(tmp_path, moe_policy_dir, 
     """A Qwen3-MoE policy (its 3-D expert weights synced by name like any other) with n-gram
     speculation in the actor: the parity probe holds after every sync."""
     from trainers.job import run_job
-    from trainers.job.config import load_config
+    from trainers.job.config_loading import load_config
 
     config = load_config(
         None,
@@ -84,7 +84,7 @@ def test_multi_turn_episodes_train_in_both_modes(tmp_path, policy_dir, prompts_f
     """Episodes of a test environment (two tool outputs, then a reward of 0.5) through the
     actors into TRL: the environment's tokens masked out, its reward the only one."""
     from trainers.job import run_job
-    from trainers.job.config import load_config
+    from trainers.job.config_loading import load_config
 
     config = load_config(
         None,
@@ -110,7 +110,7 @@ def test_multi_turn_episodes_train_in_both_modes(tmp_path, policy_dir, prompts_f
 
 
 def _tiny_job(tmp_path, policy_dir, prompts_file, name: str, *extra: str):
-    from trainers.job.config import load_config
+    from trainers.job.config_loading import load_config
 
     return load_config(
         None,
@@ -315,7 +315,7 @@ def kill_an_actor(prompts, completions, **kwargs):
 @pytest.mark.slow
 def test_a_dead_actor_is_reported_and_the_run_goes_on(tmp_path, policy_dir, prompts_file, capsys):
     from trainers.job import run_job
-    from trainers.job.config import load_config
+    from trainers.job.config_loading import load_config
 
     rewards = tmp_path / "killing_rewards.py"
     rewards.write_text(_KILL_AN_ACTOR)

@@ -201,7 +201,7 @@ def test_the_job_stops_on_a_broken_checkpoint_before_ray_starts(
     tmp_path, saved_by_transformers, policy_dir, prompts_file, monkeypatch
 ) -> None:
     from trainers.job import run
-    from trainers.job.config import load_config
+    from trainers.job.config_loading import load_config
 
     save(tmp_path, 4, saved_by_transformers)
     folder, _ = save(tmp_path, 6, saved_by_transformers)

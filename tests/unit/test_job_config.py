@@ -8,7 +8,8 @@ import os
 import pytest
 
 from rollout.engine.config import EngineConfig
-from trainers.job.config import JobConfig, load_config
+from trainers.job.config import JobConfig
+from trainers.job.config_loading import load_config
 
 
 def test_defaults_are_the_cpu_demo() -> None:
@@ -125,7 +126,7 @@ def test_the_environment_reward_needs_an_environment() -> None:
 
 
 def _refusal(overrides: list[str], path: str | None = None) -> str:
-    from trainers.job.config import ConfigError
+    from trainers.job.config_checks import ConfigError
 
     with pytest.raises(ConfigError) as caught:
         load_config(path, overrides)
@@ -302,7 +303,8 @@ def test_an_empty_section_in_the_file_is_the_defaults(tmp_path) -> None:
 
 
 def test_the_config_classes_check_when_built_directly() -> None:
-    from trainers.job.config import ConfigError, RolloutConfig, TrainerConfig
+    from trainers.job.config import RolloutConfig, TrainerConfig
+    from trainers.job.config_checks import ConfigError
 
     with pytest.raises(ConfigError, match=r"^trainer.learning_rate=-1: must be > 0"):
         TrainerConfig(learning_rate=-1)

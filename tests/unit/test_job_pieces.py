@@ -102,7 +102,7 @@ class WordFormatter:
 
 
 def _config(*overrides: str):
-    from trainers.job.config import load_config
+    from trainers.job.config_loading import load_config
 
     return load_config(None, ["rollout.engine={max_model_len: 4}", *overrides])
 
@@ -161,7 +161,7 @@ def test_the_dataset_position_is_the_first_untrained_group() -> None:
 
 
 def test_yaml_numbers_without_a_dot_are_numbers() -> None:
-    from trainers.job.config import load_config
+    from trainers.job.config_loading import load_config
 
     config = load_config(None, ["trainer.learning_rate=1e-5"])
     assert config.trainer.learning_rate == 1e-5

@@ -1,6 +1,7 @@
 """The GRPO job (`run_job`, in run.py) and the pieces it runs, in order:
 
-- config.py       JobConfig: YAML and dotted overrides
+- config.py       JobConfig: every key, documented; config_checks.py checks each value,
+                  config_loading.py reads the YAML file and the dotted overrides
 - preflight.py    the user's inputs, checked before Ray starts
 - placement.py    where the trainer and the rollout actors run
 - resume.py       the checkpoint to resume from, checked whole before Ray starts

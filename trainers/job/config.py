@@ -1,25 +1,24 @@
-"""The GRPO job's configuration: nested frozen dataclasses, YAML + dotted overrides at the edge.
-
-Unknown keys are errors that name the key; every field says what it does.
+"""The GRPO job's configuration: nested frozen dataclasses, each field documented and every
+value checked when built (config_checks.py). The YAML file and the dotted overrides are read at
+the edge (config_loading.py); unknown keys are errors that name the key.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, NoReturn
 
 from rollout.engine.config import EngineConfig
+from trainers.job.config_checks import (
+    at_least,
+    check_engine,
+    check_types,
+    not_empty,
+    one_of,
+    refuse,
+)
 
 _PROMPT_TOKENS = 128  # a prompt's length, as estimated for sizing a step's rows
-
-
-class ConfigError(ValueError):
-    """A config value the job cannot run with: one line that names the dotted key, the value and
-    what to change (`scripts/train_grpo.py` prints it without a traceback and exits 2)."""
 
 
 @dataclass(frozen=True)
@@ -34,9 +33,9 @@ class DatasetConfig:
     the run at start-up with their count; True drops them with a warning instead."""
 
     def __post_init__(self) -> None:
-        _check_types(self, "dataset.")
-        _not_empty("dataset.source", self.source)
-        _at_least("dataset.num_examples", self.num_examples, 1, " (null: all rows)")
+        check_types(self, "dataset.")
+        not_empty("dataset.source", self.source)
+        at_least("dataset.num_examples", self.num_examples, 1, " (null: all rows)")
 
 
 @dataclass(frozen=True)
@@ -92,38 +91,36 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         k = "trainer."
-        _check_types(self, k)
-        _one_of(k + "mode", self.mode, ("streaming", "sync"))
-        _at_least(k + "max_steps", self.max_steps, 1)
+        check_types(self, k)
+        one_of(k + "mode", self.mode, ("streaming", "sync"))
+        at_least(k + "max_steps", self.max_steps, 1)
         if not self.learning_rate > 0:
-            _refuse(k + "learning_rate", self.learning_rate, "must be > 0 (GPU recipes use ~1e-6)")
+            refuse(k + "learning_rate", self.learning_rate, "must be > 0 (GPU recipes use ~1e-6)")
         if self.num_generations < 2:
-            _refuse(
+            refuse(
                 k + "num_generations",
                 self.num_generations,
                 "must be >= 2: GRPO's advantages compare the samples of a prompt",
             )
-        _at_least(k + "prompts_per_step", self.prompts_per_step, 1)
-        _at_least(k + "max_completion_length", self.max_completion_length, 1)
+        at_least(k + "prompts_per_step", self.prompts_per_step, 1)
+        at_least(k + "max_completion_length", self.max_completion_length, 1)
         if self.temperature == 0:
-            _refuse(
+            refuse(
                 k + "temperature",
                 0,
                 "must be > 0: at 0 (greedy) the num_generations samples of a prompt are all "
                 "equal and GRPO has nothing to learn from; use 0.7-1.0",
             )
         if self.temperature < 0:
-            _refuse(k + "temperature", self.temperature, "must be > 0 (0.7-1.0 are usual)")
-        _at_least(k + "max_staleness", self.max_staleness, 0, " (0: only the newest weights)")
-        _at_least(k + "weight_sync_steps", self.weight_sync_steps, 1)
-        _at_least(k + "token_budget", self.token_budget, 1, " or null")
-        _at_least(
-            k + "gradient_accumulation_steps", self.gradient_accumulation_steps, 1, " or null"
-        )
-        _one_of(k + "dtype", self.dtype, ("float32", "bfloat16", "float16"))
-        _at_least(k + "logging_steps", self.logging_steps, 1)
-        _at_least(k + "save_steps", self.save_steps, 0, " (0: no checkpoints; null: four per run)")
-        _at_least(k + "save_total_limit", self.save_total_limit, 1, " or null (keep all)")
+            refuse(k + "temperature", self.temperature, "must be > 0 (0.7-1.0 are usual)")
+        at_least(k + "max_staleness", self.max_staleness, 0, " (0: only the newest weights)")
+        at_least(k + "weight_sync_steps", self.weight_sync_steps, 1)
+        at_least(k + "token_budget", self.token_budget, 1, " or null")
+        at_least(k + "gradient_accumulation_steps", self.gradient_accumulation_steps, 1, " or null")
+        one_of(k + "dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        at_least(k + "logging_steps", self.logging_steps, 1)
+        at_least(k + "save_steps", self.save_steps, 0, " (0: no checkpoints; null: four per run)")
+        at_least(k + "save_total_limit", self.save_total_limit, 1, " or null (keep all)")
 
 
 @dataclass(frozen=True)
@@ -143,13 +140,13 @@ class RolloutConfig:
     works between GPUs, slowly)."""
 
     def __post_init__(self) -> None:
-        _check_types(self, "rollout.")
-        _at_least("rollout.num_actors", self.num_actors, 0, " (0: auto)")
-        _at_least("rollout.cpus_per_actor", self.cpus_per_actor, 0)
+        check_types(self, "rollout.")
+        at_least("rollout.num_actors", self.num_actors, 0, " (0: auto)")
+        at_least("rollout.cpus_per_actor", self.cpus_per_actor, 0)
         if round(self.cpus_per_actor, 4) != self.cpus_per_actor:
-            _refuse("rollout.cpus_per_actor", self.cpus_per_actor, "Ray takes at most 4 decimals")
-        _check_engine(self.engine)
-        _one_of(
+            refuse("rollout.cpus_per_actor", self.cpus_per_actor, "Ray takes at most 4 decimals")
+        check_engine(self.engine)
+        one_of(
             "rollout.weight_sync_backend",
             self.weight_sync_backend,
             ("auto", "gloo", "nccl", "cuda_ipc"),
@@ -173,15 +170,15 @@ class EnvironmentConfig:
 
     def __post_init__(self) -> None:
         k = "environment."
-        _check_types(self, k)
+        check_types(self, k)
         if self.name is not None:
             target, colon, attribute = self.name.rpartition(":")
             if not (colon and target and attribute):
-                _refuse(k + "name", self.name, "give 'package.module:Class' or 'file.py:Class'")
-        _at_least(k + "max_turns", self.max_turns, 1)
+                refuse(k + "name", self.name, "give 'package.module:Class' or 'file.py:Class'")
+        at_least(k + "max_turns", self.max_turns, 1)
         if not self.tool_timeout_s > 0:
-            _refuse(k + "tool_timeout_s", self.tool_timeout_s, "must be > 0 (seconds)")
-        _at_least(k + "max_turn_tokens", self.max_turn_tokens, 1, " or null")
+            refuse(k + "tool_timeout_s", self.tool_timeout_s, "must be > 0 (seconds)")
+        at_least(k + "max_turn_tokens", self.max_turn_tokens, 1, " or null")
 
 
 @dataclass(frozen=True)
@@ -192,9 +189,9 @@ class WandbConfig:
     """The W&B project the runs are logged to."""
 
     def __post_init__(self) -> None:
-        _check_types(self, "wandb.")
-        _one_of("wandb.mode", self.mode, ("offline", "online", "disabled"))
-        _not_empty("wandb.project", self.project)
+        check_types(self, "wandb.")
+        one_of("wandb.mode", self.mode, ("offline", "online", "disabled"))
+        not_empty("wandb.project", self.project)
 
 
 @dataclass(frozen=True)
@@ -308,26 +305,26 @@ class JobConfig:
         for name in ("rewards", "reward_weights"):  # a list from Python code: the tuple it means
             if isinstance(getattr(self, name), list):
                 object.__setattr__(self, name, tuple(getattr(self, name)))
-        _check_types(self, "")
-        _not_empty("output_dir", self.output_dir)
-        _not_empty("model", self.model)
+        check_types(self, "")
+        not_empty("output_dir", self.output_dir)
+        not_empty("model", self.model)
         if not 0 <= self.seed < 2**32:
-            _refuse("seed", self.seed, "must be between 0 and 2**32 - 1")
+            refuse("seed", self.seed, "must be between 0 and 2**32 - 1")
         if not self.rewards:
-            _refuse("rewards", self.rewards, "give at least one reward function")
+            refuse("rewards", self.rewards, "give at least one reward function")
         for entry in self.rewards:
-            _not_empty("rewards", entry)
+            not_empty("rewards", entry)
         if self.ray_address is not None:
-            _not_empty("ray_address", self.ray_address)
+            not_empty("ray_address", self.ray_address)
         if "environment" in self.rewards and self.environment.name is None:
-            _refuse(
+            refuse(
                 "rewards",
                 self.rewards,
                 "the 'environment' reward reads an environment's episode rewards, but "
                 "environment.name is not set; set it or remove the reward",
             )
         if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
-            _refuse(
+            refuse(
                 "reward_weights",
                 self.reward_weights,
                 f"{len(self.reward_weights)} weights for {len(self.rewards)} rewards; give one "
@@ -335,7 +332,7 @@ class JobConfig:
             )
         t = self.trainer
         if t.token_budget is not None and t.token_budget < self.max_sample_tokens:
-            _refuse(
+            refuse(
                 "trainer.token_budget",
                 t.token_budget,
                 f"below rollout.engine.max_model_len={self.max_sample_tokens}: a sample that "
@@ -345,237 +342,12 @@ class JobConfig:
         samples = t.prompts_per_step * t.num_generations
         if t.mode == "sync" and t.gradient_accumulation_steps is not None:
             if samples % t.gradient_accumulation_steps:
-                _refuse(
+                refuse(
                     "trainer.gradient_accumulation_steps",
                     t.gradient_accumulation_steps,
                     f"must divide the step's {samples} samples (prompts_per_step x "
                     "num_generations) in sync mode",
                 )
-
-
-def load_config(path: str | None, overrides: list[str]) -> JobConfig:
-    """Defaults, then the YAML file, then `dotted.key=value` overrides (values parsed as YAML).
-    Any mistake is a `ConfigError`: one line naming the file and line, the override or the key."""
-    import yaml
-
-    values: dict[str, Any] = {}
-    if path:
-        values = _read_yaml_file(path)
-    for item in overrides:
-        key, equals, raw = item.partition("=")
-        parts = key.split(".")
-        if not equals or not all(parts):
-            raise ConfigError(
-                f"override {item!r} must look like key=value (e.g. trainer.max_steps=4)"
-            )
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError as err:
-            raise ConfigError(
-                f"override {item!r}: the value is not valid YAML ({_yaml_problem(err)}); write "
-                "it as YAML, e.g. 4, 1e-6, true, [a, b] or {key: value}"
-            ) from None
-        target = values
-        for depth, part in enumerate(parts[:-1]):
-            if target.get(part) is None:
-                target[part] = {}
-            if not isinstance(target[part], dict):
-                section = ".".join(parts[: depth + 1])
-                raise ConfigError(
-                    f"override {item!r}: {section} is a value, not a section with keys"
-                )
-            target = target[part]
-        target[parts[-1]] = value
-    return _build(JobConfig, values, "")
-
-
-def _read_yaml_file(path: str) -> dict:
-    import yaml
-
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"--config {path}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"--config {path}: is a folder; give a YAML file") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"--config {path}: not UTF-8 text; give a YAML file") from None
-    except OSError as err:
-        raise ConfigError(f"--config {path}: cannot be read ({err.strerror})") from None
-    try:
-        values = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
-        raise ConfigError(f"{where}: not valid YAML: {_yaml_problem(err)}") from None
-    if values is None:
-        return {}
-    if not isinstance(values, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of keys")
-    return values
-
-
-def _yaml_problem(err) -> str:
-    """A YAML error's cause in one line (its `problem`, and what the parser was doing)."""
-    problem = getattr(err, "problem", None) or str(err)
-    context = getattr(err, "context", None)
-    text = f"{problem} {context}" if context else problem
-    return " ".join(text.split())
-
-
-def _build(cls, values: dict, prefix: str):
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(str(k) for k in set(values) - set(known))
-    if unknown:
-        _unknown_keys(prefix, unknown, known)
-    kwargs = {}
-    for name, value in values.items():
-        f = known[name]
-        nested = f.default_factory if f.default_factory is not dataclasses.MISSING else None
-        if nested is not None and dataclasses.is_dataclass(nested):
-            if value is None:
-                value = {}
-            if not isinstance(value, dict):
-                _refuse(prefix + name, value, f"must be a mapping (e.g. {prefix}{name}.KEY=VALUE)")
-            kwargs[name] = _build(nested, value, f"{prefix}{name}.")
-        elif isinstance(value, dict) and f.type != "dict":
-            _refuse(prefix + name, value, "is a single value, not a section with keys")
-        elif name == "rewards":
-            kwargs[name] = (value,) if isinstance(value, str) else _tuple(value)
-        elif name == "reward_weights":
-            kwargs[name] = _tuple(value, _maybe_number)
-        elif "float" in str(f.type):
-            kwargs[name] = _maybe_number(value)
-        else:
-            kwargs[name] = value
-    return cls(**kwargs)
-
-
-def _tuple(value: Any, convert=lambda v: v) -> Any:
-    """A YAML list as a tuple (each item converted); anything else as it is, for the checks."""
-    return tuple(convert(v) for v in value) if isinstance(value, list) else value
-
-
-def _maybe_number(value: Any) -> Any:
-    """YAML reads `1e-5` (no dot) as a string; take it as the number it means. Anything else
-    stays as it is, for the type checks to name."""
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
-
-
-# ---- the checks every field goes through ------------------------------------------------------
-
-_KINDS = {
-    "int": ("a whole number", lambda v: isinstance(v, int) and not isinstance(v, bool)),
-    "float": ("a finite number", lambda v: _is_number(v)),
-    "bool": ("true or false", lambda v: isinstance(v, bool)),
-    "str": ("a string", lambda v: isinstance(v, str)),
-    "dict": ("a mapping, e.g. {max_model_len: 1024}", lambda v: isinstance(v, dict)),
-    "tuple[str, ...]": (
-        "a list of strings",
-        lambda v: isinstance(v, tuple) and all(isinstance(x, str) for x in v),
-    ),
-    "tuple[float, ...]": (
-        "a list of finite numbers",
-        lambda v: isinstance(v, tuple) and all(_is_number(x) for x in v),
-    ),
-}
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _check_types(config, prefix: str) -> None:
-    """Every field of a config dataclass against its annotation: `int`, `float`, `bool`, `str`,
-    `dict`, tuples of str or float, a section's dataclass, each optionally `| None`."""
-    for f in dataclasses.fields(config):
-        _check_type(prefix + f.name, getattr(config, f.name), f.type)
-
-
-def _check_type(key: str, value: Any, annotation: str) -> None:
-    kinds = [kind.strip() for kind in str(annotation).split("|")]
-    optional = "None" in kinds
-    (kind,) = [k for k in kinds if k != "None"]
-    section = globals().get(kind)
-    if isinstance(section, type) and dataclasses.is_dataclass(section):
-        words, ok = f"a {kind}", lambda v: isinstance(v, section)
-    elif kind in _KINDS:
-        words, ok = _KINDS[kind]
-    else:
-        raise TypeError(f"{key}: the config checks know no type {annotation!r}; add it to _KINDS")
-    if value is None and optional:
-        return
-    if not ok(value):
-        _refuse(key, value, f"must be {words}" + (" or null" if optional else ""))
-
-
-def _check_engine(engine: dict) -> None:
-    """`rollout.engine`: each key as EngineConfig checks it, named as the job's key."""
-    known = {f.name: f for f in dataclasses.fields(EngineConfig)}
-    unknown = sorted(str(k) for k in set(engine) - set(known))
-    if unknown:
-        _unknown_keys("rollout.engine.", unknown, known)
-    for name, value in engine.items():
-        key = f"rollout.engine.{name}"
-        if name in ("model", "seed"):
-            _refuse(key, value, f"the job sets it from the top-level key; set {name}=... instead")
-        _check_type(key, value, known[name].type)
-        try:
-            EngineConfig(**{name: value})
-        except ValueError as err:
-            # The engine's words without its own key and value, which the job's key replaces.
-            _refuse(key, value, re.sub(r"; got .*$", "", str(err)).removeprefix(f"{name} "))
-    try:
-        EngineConfig(**engine)
-    except ValueError as err:
-        raise ConfigError(f"rollout.engine={_show(engine)}: {err}") from None
-
-
-def _unknown_keys(prefix: str, unknown: list[str], known) -> NoReturn:
-    raise ConfigError(
-        f"unknown config key(s) {[prefix + k for k in unknown]}; valid keys here: "
-        f"{[prefix + k for k in known]}"
-    )
-
-
-def _refuse(key: str, value: Any, what: str) -> NoReturn:
-    raise ConfigError(f"{key}={_show(value)}: {what}")
-
-
-def _show(value: Any) -> str:
-    """A value as the user would write it in an override."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        plain = value and value == value.strip() and "\n" not in value
-        return value if plain else repr(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_show(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {_show(v)}" for k, v in value.items()) + "}"
-    return str(value)
-
-
-def _one_of(key: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        _refuse(key, value, "must be " + ", ".join(choices[:-1]) + f" or {choices[-1]}")
-
-
-def _at_least(key: str, value: float | None, low: float, note: str = "") -> None:
-    if value is not None and value < low:
-        _refuse(key, value, f"must be >= {low}{note}")
-
-
-def _not_empty(key: str, value: str) -> None:
-    if not value.strip():
-        _refuse(key, value, "must not be empty")
 
 
 def to_dict(config: JobConfig) -> dict:
