@@ -1,6 +1,6 @@
 """GRPO training with rollouts from Ray actors running our engine, streamed into TRL.
 
-    python scripts/train_grpo.py          # built-in CPU demo (6-7 min on 2 cores)
+    python scripts/train_grpo.py          # built-in CPU demo (6-9 min on 2 cores)
     python scripts/train_grpo.py --config configs/qwen2.5-1.5b-gsm-16k.yaml model=<hf folder>
     ray job submit --working-dir . -- python scripts/train_grpo.py --config configs/<recipe>.yaml
 
