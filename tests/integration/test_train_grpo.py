@@ -243,6 +243,32 @@ def test_prompts_longer_than_the_engine_are_refused_at_start(
     assert not ray.is_initialized()
 
 
+def _job_past_step_one(out, policy_dir, prompts_file):
+    """`scripts/train_grpo.py` for 200 steps in a process of its own, returned once it printed
+    its first step's line."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    job = subprocess.Popen(
+        [
+            sys.executable, "scripts/train_grpo.py", f"output_dir={out}", f"model={policy_dir}",
+            f"dataset.source={prompts_file}", "trainer.max_steps=200", "trainer.num_generations=2",
+            "trainer.prompts_per_step=2", "trainer.max_completion_length=8", "wandb.mode=disabled",
+            "rollout.engine={max_model_len: 64, max_num_seqs: 16, num_kv_blocks: 64, block_size: 8}",
+        ],
+        cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    seen = []
+    for line in job.stdout:
+        seen.append(line)
+        if line.startswith("[step 1/200]"):
+            break
+    assert seen and seen[-1].startswith("[step 1/200]"), "".join(seen[-30:])
+    return job
+
+
 def _ray_processes() -> set[int]:
     import subprocess
 
@@ -256,29 +282,12 @@ def test_sigterm_stops_at_a_step_end_with_a_checkpoint_and_no_processes_left(
     tmp_path, policy_dir, prompts_file
 ) -> None:
     import signal
-    import subprocess
-    import sys
     import time
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
     before = _ray_processes()
     out = tmp_path / "stopped"
-    job = subprocess.Popen(
-        [
-            sys.executable, "scripts/train_grpo.py", f"output_dir={out}", f"model={policy_dir}",
-            f"dataset.source={prompts_file}", "trainer.max_steps=200", "trainer.num_generations=2",
-            "trainer.prompts_per_step=2", "trainer.max_completion_length=8", "wandb.mode=disabled",
-            "rollout.engine={max_model_len: 64, max_num_seqs: 16, num_kv_blocks: 64, block_size: 8}",
-        ],
-        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    seen = []
-    for line in job.stdout:
-        seen.append(line)
-        if line.startswith("[step 1/200]"):
-            break
-    assert seen and seen[-1].startswith("[step 1/200]"), "".join(seen[-30:])
+    job = _job_past_step_one(out, policy_dir, prompts_file)
     job.send_signal(signal.SIGTERM)
     start = time.monotonic()
     rest, _ = job.communicate(timeout=180)
@@ -354,28 +363,10 @@ def test_a_killed_job_leaves_no_ray_process_behind(tmp_path, policy_dir, prompts
     """SIGKILL runs no code in the job: its watcher ends the Ray session's processes (Ray's own
     agents would otherwise linger for up to a minute), then itself."""
     import subprocess
-    import sys
     import time
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
     before = _ray_processes()
-    job = subprocess.Popen(
-        [
-            sys.executable, "scripts/train_grpo.py", f"output_dir={tmp_path / 'killed'}",
-            f"model={policy_dir}", f"dataset.source={prompts_file}", "trainer.max_steps=200",
-            "trainer.num_generations=2", "trainer.prompts_per_step=2",
-            "trainer.max_completion_length=8", "wandb.mode=disabled",
-            "rollout.engine={max_model_len: 64, max_num_seqs: 16, num_kv_blocks: 64, block_size: 8}",
-        ],
-        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    seen = []
-    for line in job.stdout:
-        seen.append(line)
-        if line.startswith("[step 1/200]"):
-            break
-    assert seen and seen[-1].startswith("[step 1/200]"), "".join(seen[-30:])
+    job = _job_past_step_one(tmp_path / "killed", policy_dir, prompts_file)
     assert _ray_processes() - before, "the job runs Ray processes of its own"
     job.kill()
     job.wait(timeout=30)
