@@ -1,10 +1,12 @@
 """The Ray layer: rollout actors, the pool that feeds and drains them, and what travels between.
 
-    worker.py    RolloutWorker: one engine on its own thread (a plain class; a Ray actor at spawn)
-    pool.py      RolloutPool: groups to the least-loaded actor, samples streamed back, failover
-    pool_weights.py  the pool's side of a weight sync: one group of the trainer and every live actor
-    messages.py  GroupRequest, FinishedSample, CompletedGroup
-    metrics.py   the per-actor metrics the pool reports to W&B
+    worker.py            RolloutWorker: one engine on its own thread (a Ray actor at spawn)
+    weight_receiver.py   the worker's side of a sync: group, version, torn state, parity probe
+    groups_in_flight.py  the worker's groups, and the one builder of each FinishedSample
+    pool.py              RolloutPool: groups to the least-loaded actor, samples back, failover
+    pool_weights.py      the pool's side of a sync: one group of the trainer and live actors
+    messages.py          GroupRequest, FinishedSample, CompletedGroup, ActorDeath
+    metrics.py           the per-actor metrics the pool reports to W&B
 
 Ray itself is imported only where actors are spawned (`RolloutPool`), so the worker runs and is
 tested without it.
