@@ -1,6 +1,7 @@
 """GRPO training with rollouts from Ray actors running our engine, streamed into TRL.
 
     python scripts/train_grpo.py          # built-in CPU demo (6-9 min on 2 cores)
+    python scripts/train_grpo.py --plan trainer.num_processes=2   # the layout, then exit
     python scripts/train_grpo.py --config configs/qwen2.5-1.5b-gsm-16k.yaml model=<hf folder>
     ray job submit --working-dir . -- python scripts/train_grpo.py --config configs/<recipe>.yaml
 
@@ -27,6 +28,12 @@ def main(argv: list[str] | None = None) -> dict:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--config", help="YAML file (default: the embedded CPU demo)")
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print where each trainer rank and rollout actor would run on the cluster this "
+        "job sees (node, GPU, memory share, weight sync), then exit without starting them",
+    )
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. trainer.max_steps=4")
     args = parser.parse_args(argv)
 
@@ -38,6 +45,15 @@ def main(argv: list[str] | None = None) -> dict:
         config = load_config(args.config, args.overrides)
     except ValueError as err:  # a config value: one line naming the key, no traceback
         parser.exit(2, f"{parser.prog}: error: {err}\n")
+    if args.plan:
+        from trainers.job.run import plan_job
+
+        try:
+            lines = plan_job(config)
+        except JobInputError as err:
+            parser.exit(2, f"{parser.prog}: error: {err}\n")
+        print("\n".join(lines))
+        return {"plan": lines}
     try:
         summary = run_job(config)
     except JobInputError as err:  # the user's input: one line, no traceback
@@ -45,6 +61,10 @@ def main(argv: list[str] | None = None) -> dict:
     except KeyboardInterrupt:
         parser.exit(130, f"\n{parser.prog}: stopped\n")
     except Exception as err:
+        from trainers.job.trainer_ranks import TrainerRankFailed
+
+        if isinstance(err, TrainerRankFailed):  # its rank's traceback went to the rank's log
+            parser.exit(1, f"{parser.prog}: error: {err}\n")
         failed = reward_error_in(err)
         if failed is None:
             raise

@@ -53,7 +53,9 @@ class RolloutPool:
         num_cpus_per_actor: float = 1.0,
         poll_timeout_s: float = 0.2,
         start_timeout_s: float = 1800.0,
+        actor_options: Callable[[int], dict] | None = None,
     ) -> None:
+        """`actor_options(i)`: more Ray options for actor i (e.g. its placement-group seat)."""
         import ray
 
         if num_actors < 1:
@@ -70,6 +72,7 @@ class RolloutPool:
                 num_gpus=num_gpus_per_actor,
                 num_cpus=num_cpus_per_actor,
                 max_concurrency=8,  # poll blocks in one thread while submit/stats run in others
+                **(actor_options(i) if actor_options is not None else {}),
             ).remote(engine_config.__dict__, i)
         try:  # engines loaded (a model from disk can take minutes; never wait forever)
             ray.get([a.ping.remote() for a in self.actors.values()], timeout=start_timeout_s)

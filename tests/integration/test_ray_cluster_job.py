@@ -19,10 +19,8 @@ _OWN_RAY = """
 import ray
 from trainers.job.config import JobConfig
 from trainers.job.run import ray_session
-from trainers.job.placement import plan_placement
 config = JobConfig()
-# The one-GPU placement: a Ray started here is given the GPU count, which a join refuses.
-with ray_session(config, plan_placement(config.rollout, 1)):
+with ray_session(config):
     address = ray.get_runtime_context().gcs_address
     assert not address.endswith(":6379"), f"joined the head at {address}"
     print("own ray at", address)

@@ -98,11 +98,12 @@ def wandb_run_id(out: Path) -> str:
     return run_id
 
 
-def rollout_state_callback(rollout_state: Any):
+def rollout_state_callback(rollout_state: Any, writer: bool = True):
     """A TrainerCallback that writes `rollout_state()` into each checkpoint as it is saved, then
     the marker that makes it complete (see the module's docstring), and times each save (from
     the step's end to the saved folder, the step's log included) and measures its size: `saves`
-    holds (step, seconds, GiB)."""
+    holds (step, seconds, GiB). With the trainer across ranks every rank runs it and waits for
+    the others' files; only the `writer` (rank 0) writes."""
     import time
 
     from transformers import TrainerCallback
@@ -114,15 +115,16 @@ def rollout_state_callback(rollout_state: Any):
 
         def on_step_end(self, args, state, control, **kwargs):
             self._step_end = time.perf_counter()
-            if control.should_save:
+            if control.should_save and writer:
                 # A folder an earlier run left at this step is about to be written over: its old
                 # marker must not vouch for the mix of old and new files while that happens.
                 folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
                 (folder / MARKER).unlink(missing_ok=True)
 
         def on_save(self, args, state, control, **kwargs):
+            _wait_for_every_rank()  # their shards and RNG states, before the marker lists files
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if not folder.is_dir():
+            if not writer or not folder.is_dir():
                 return
             write_atomically(folder / ROLLOUT_STATE, json.dumps(rollout_state(), indent=1))
             size = mark_complete(folder, state.global_step)  # last: the checkpoint is whole
@@ -130,3 +132,10 @@ def rollout_state_callback(rollout_state: Any):
             self.saves.append((state.global_step, round(seconds, 2), round(size / 2**30, 3)))
 
     return RolloutStateCallback()
+
+
+def _wait_for_every_rank() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()

@@ -1,4 +1,19 @@
-"""Where the trainer and the rollout actors run, from the GPUs this machine has."""
+"""Where the trainer ranks and the rollout actors run, planned from the cluster Ray sees.
+
+`plan_placement(config, nodes, joining)` takes the cluster's nodes (`cluster_nodes` reads them
+from a running Ray; `this_machine` describes the machine a Ray started here will have) and gives
+every trainer rank and every actor a seat: a node, a GPU (or none) and its share of it. Layouts:
+
+    cpu        no GPU in the cluster: ranks and actors on CPUs, weights over gloo
+    shared     one GPU holds the trainer (one rank) and one actor, weights over CUDA IPC
+    split      trainer ranks on GPUs of their own (packed on one node where one has room),
+               actors on every other GPU, weights over NCCL
+    colocated  every trainer GPU also holds an actor, weights over CUDA IPC on each GPU
+
+A layout the cluster cannot hold is a `PlacementError` naming what to change, before any work.
+`placement_group_for` turns the seats into one Ray placement group whose bundles are pinned to
+the planned nodes, so what `--plan` prints is where Ray puts them.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +21,50 @@ import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
-from trainers.job.config import RolloutConfig
+# Shares of one GPU when the trainer and an actor sit on it: the actor's engine takes 45% of the
+# memory for weights and KV cache, the trainer is capped at 50%.
+SHARED_ENGINE_MEMORY = 0.45
+SHARED_TRAINER_MEMORY = 0.5
+CPUS_PER_RANK = 1.0
+_MIN_BUNDLE_CPU = 0.01  # Ray refuses an empty bundle; an actor asking for 0 CPUs gets this
+
+
+class PlacementError(ValueError):
+    """The layout asked for does not fit the cluster (one line: what to change)."""
+
+
+@dataclass(frozen=True)
+class Node:
+    node_id: str
+    address: str
+    cpus: float
+    gpus: int
+    driver: bool = False
+    """The node this script runs on."""
+
+
+@dataclass(frozen=True)
+class Seat:
+    role: str  # "trainer" or "actor"
+    index: int  # trainer rank or actor id
+    node: Node
+    gpu: int | None  # the GPU's number among the node's (None: CPU only)
+    gpu_share: float  # of that GPU, as Ray counts it
+    memory_share: float | None  # of that GPU's memory it may use (None: no GPU)
+    cpus: float
 
 
 @dataclass(frozen=True)
 class Placement:
-    num_actors: int
-    gpus_per_actor: float
-    trainer_device: str
+    layout: str
+    ranks: tuple[Seat, ...]
+    actors: tuple[Seat, ...]
     weight_sync_backend: str
     """NCCL needs a GPU per rank: a trainer sharing its GPU with an actor syncs over CUDA IPC."""
+    trainer_in_driver: bool
+    """One rank on a Ray started here: the trainer is this process (the laptop default)."""
     engine_overrides: dict = field(default_factory=dict)
     ray_init_kwargs: dict = field(default_factory=dict)
     """For a Ray started here (ignored when joining a running cluster)."""
@@ -25,61 +73,300 @@ class Placement:
     trainer_memory_fraction: float | None = None
     """The trainer's cap on its GPU's memory when an actor shares it (None: no cap)."""
 
+    @property
+    def num_actors(self) -> int:
+        return len(self.actors)
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def gpus_per_actor(self) -> float:
+        return self.actors[0].gpu_share
+
+    @property
+    def trainer_device(self) -> str:
+        """The trainer's device as its own process names it (Ray shows each rank its GPU as 0)."""
+        return "cpu" if self.ranks[0].gpu is None else "cuda:0"
+
     def engine_settings(self, user: dict) -> dict:
         """EngineConfig fields for the actors: this placement's, then the user's
         `rollout.engine` on top (a user who sets gpu_memory_utilization or device means it)."""
         return {**self.engine_overrides, **user}
 
+    def describe(self) -> list[str]:
+        """One line per trainer rank and actor: node, GPU, memory share; then the sync."""
+        lines = [
+            f"layout {self.layout}: {self.num_processes} trainer rank(s), {self.num_actors} "
+            f"rollout actor(s), weight sync over {self.weight_sync_backend}"
+            + ("; the trainer runs in this process" if self.trainer_in_driver else "")
+        ]
+        for seat in (*self.ranks, *self.actors):
+            name = f"trainer rank {seat.index}" if seat.role == "trainer" else f"actor {seat.index}"
+            where = f"node {seat.node.address} ({seat.node.node_id[:8]})"
+            if seat.gpu is None:
+                device = f"CPU ({seat.cpus:g} core(s))"
+            else:
+                device = f"GPU {seat.gpu} ({seat.gpu_share:g} of it"
+                device += f", {seat.memory_share:.0%} of its memory)"
+            lines.append(f"  {name:<16} {where:<32} {device}")
+        return lines
 
-def plan_placement(rollout: RolloutConfig, num_gpus: int) -> Placement:
-    placement = _plan(rollout, num_gpus)
-    if rollout.weight_sync_backend == "auto":
+    def summary(self) -> dict:
+        return {
+            "layout": self.layout,
+            "trainer_processes": self.num_processes,
+            "num_actors": self.num_actors,
+            "weight_sync_backend": self.weight_sync_backend,
+            "seats": [
+                {"role": s.role, "index": s.index, "node": s.node.address, "gpu": s.gpu}
+                for s in (*self.ranks, *self.actors)
+            ],
+        }
+
+
+def this_machine(num_gpus: int, cpus: float | None = None) -> Node:
+    """The one node of a Ray the job starts here."""
+    return Node("local", "this machine", float(cpus or os.cpu_count() or 1), num_gpus, True)
+
+
+def cluster_nodes(ray) -> list[Node]:
+    """The live nodes of the Ray this process is connected to, with their total resources (what
+    the layout is planned against; other jobs' use shows up as a wait for the placement group)."""
+    driver = ray.get_runtime_context().get_node_id()
+    nodes = []
+    for n in ray.nodes():
+        if not n.get("Alive"):
+            continue
+        resources = n.get("Resources", {})
+        nodes.append(
+            Node(
+                n["NodeID"],
+                n.get("NodeManagerAddress", "?"),
+                float(resources.get("CPU", 0.0)),
+                int(resources.get("GPU", 0.0)),
+                n["NodeID"] == driver,
+            )
+        )
+    return nodes
+
+
+def plan_placement(
+    rollout, num_processes: int, nodes: list[Node], joining: bool = False
+) -> Placement:
+    """The layout for `rollout` (RolloutConfig: num_actors, layout, cpus_per_actor,
+    weight_sync_backend) and `num_processes` trainer ranks on `nodes`."""
+    placement = _plan(rollout, num_processes, nodes, joining)
+    wanted = rollout.weight_sync_backend
+    if wanted == "auto" or wanted == placement.weight_sync_backend:
         return placement
-    if rollout.weight_sync_backend == "nccl" and placement.weight_sync_backend != "nccl":
-        raise ValueError(
+    gpus = sum(n.gpus for n in nodes)
+    if wanted == "nccl":
+        raise PlacementError(
             "rollout.weight_sync_backend=nccl needs the trainer and every actor on GPUs of their "
-            f"own; this machine has {num_gpus} GPU(s). Use auto or gloo"
+            f"own (layout split); this layout is {placement.layout} on a cluster with {gpus} "
+            "GPU(s). Use auto or gloo"
         )
-    if rollout.weight_sync_backend == "cuda_ipc" and placement.weight_sync_backend != "cuda_ipc":
-        raise ValueError(
-            "rollout.weight_sync_backend=cuda_ipc needs the trainer and its one actor on the same "
-            f"GPU (a machine with exactly one GPU); this machine has {num_gpus}. Use auto"
+    if wanted == "cuda_ipc":
+        raise PlacementError(
+            "rollout.weight_sync_backend=cuda_ipc needs the trainer and its actor on the same GPU "
+            f"(layout shared or colocated); this layout is {placement.layout}. Use auto"
         )
-    return dataclasses.replace(placement, weight_sync_backend=rollout.weight_sync_backend)
+    return dataclasses.replace(placement, weight_sync_backend=wanted)
 
 
-def _plan(rollout: RolloutConfig, num_gpus: int) -> Placement:
-    """CPU: `rollout.num_actors` CPU actors. Several GPUs: the trainer takes the first (where
-    transformers' Trainer puts a single-process run) and each other GPU gets an actor. One GPU:
-    the trainer and one actor share it, the actor's engine held to 45% of its memory and the
-    trainer to 50%, and the weights go through CUDA IPC."""
-    if num_gpus == 0:
-        return Placement(
-            num_actors=max(1, rollout.num_actors),
-            gpus_per_actor=0.0,
-            trainer_device="cpu",
-            weight_sync_backend="gloo",
-            engine_overrides={"device": "cpu"},
+def _plan(rollout, num_processes: int, nodes: list[Node], joining: bool) -> Placement:
+    if num_processes < 1:
+        raise PlacementError(f"trainer.num_processes={num_processes}: must be >= 1")
+    total_gpus = sum(n.gpus for n in nodes)
+    in_driver = not joining and num_processes == 1
+    if total_gpus == 0:
+        return _cpu_layout(rollout, num_processes, nodes, in_driver)
+    layout = rollout.layout
+    if layout == "auto":
+        layout = "shared" if total_gpus == 1 and num_processes == 1 else "split"
+    if num_processes > total_gpus:
+        raise PlacementError(
+            f"trainer.num_processes={num_processes} needs {num_processes} GPUs; the cluster has "
+            f"{total_gpus}. Lower trainer.num_processes or add GPU nodes"
         )
-    if num_gpus == 1:
-        return Placement(
-            num_actors=1,
-            gpus_per_actor=0.5,
-            trainer_device="cuda:0",
-            weight_sync_backend="cuda_ipc",
-            engine_overrides={"device": "cuda", "gpu_memory_utilization": 0.45},
-            trainer_memory_fraction=0.5,
-            ray_init_kwargs={"num_gpus": 1},
+    gpus = _gpu_slots(nodes, num_processes)
+    if layout == "shared":
+        if num_processes != 1 or rollout.num_actors > 1:
+            raise PlacementError(
+                "rollout.layout=shared puts one trainer rank and one actor on one GPU; with "
+                f"trainer.num_processes={num_processes} and rollout.num_actors="
+                f"{rollout.num_actors} use rollout.layout=colocated or split"
+            )
+        layout = "colocated"  # one GPU, one rank and its actor: colocated on one GPU
+        shared = _colocated(rollout, gpus[:1], in_driver)
+        return dataclasses.replace(shared, layout="shared")
+    if layout == "colocated":
+        actors = rollout.num_actors or num_processes
+        if actors != num_processes:
+            raise PlacementError(
+                f"rollout.layout=colocated puts one actor beside each of the {num_processes} "
+                f"trainer rank(s); rollout.num_actors={rollout.num_actors} must be 0 or "
+                f"{num_processes}"
+            )
+        return _colocated(rollout, gpus[:num_processes], in_driver)
+    free = len(gpus) - num_processes
+    if free < 1:
+        raise PlacementError(
+            f"rollout.layout=split gives the trainer's {num_processes} rank(s) GPUs of their own "
+            f"and needs at least one more for an actor; the cluster has {total_gpus}. Lower "
+            "trainer.num_processes, or use rollout.layout=colocated (an actor beside each rank)"
         )
-    actors = rollout.num_actors if 0 < rollout.num_actors < num_gpus else num_gpus - 1
+    actors = rollout.num_actors or free
+    if actors > free:
+        raise PlacementError(
+            f"rollout.num_actors={rollout.num_actors}: the cluster has {free} GPU(s) beside the "
+            f"trainer's {num_processes}; lower rollout.num_actors (0: one per free GPU)"
+        )
+    ranks = tuple(
+        Seat("trainer", i, node, gpu, 1.0, 1.0, CPUS_PER_RANK)
+        for i, (node, gpu) in enumerate(gpus[:num_processes])
+    )
+    engine_memory = 0.9
+    seats = tuple(
+        Seat("actor", i, node, gpu, 1.0, engine_memory, rollout.cpus_per_actor)
+        for i, (node, gpu) in enumerate(gpus[num_processes : num_processes + actors])
+    )
+    local_gpus = None
+    if in_driver:  # this process keeps cuda:0; a Ray started here hands out the others
+        local_gpus = list(range(1, total_gpus))
     return Placement(
-        num_actors=actors,
-        gpus_per_actor=1.0,
-        trainer_device="cuda:0",
+        layout="split",
+        ranks=ranks,
+        actors=seats,
         weight_sync_backend="nccl",
-        ray_gpus=list(range(1, num_gpus)),
+        trainer_in_driver=in_driver,
         engine_overrides={"device": "cuda"},
-        ray_init_kwargs={"num_gpus": num_gpus - 1},
+        ray_init_kwargs={"num_gpus": total_gpus - 1 if in_driver else total_gpus},
+        ray_gpus=local_gpus,
+    )
+
+
+def _colocated(rollout, gpus: list[tuple[Node, int]], in_driver: bool) -> Placement:
+    ranks = tuple(
+        Seat("trainer", i, node, gpu, 0.5, SHARED_TRAINER_MEMORY, CPUS_PER_RANK)
+        for i, (node, gpu) in enumerate(gpus)
+    )
+    actors = tuple(
+        Seat("actor", i, node, gpu, 0.5, SHARED_ENGINE_MEMORY, rollout.cpus_per_actor)
+        for i, (node, gpu) in enumerate(gpus)
+    )
+    return Placement(
+        layout="colocated",
+        ranks=ranks,
+        actors=actors,
+        weight_sync_backend="cuda_ipc",
+        trainer_in_driver=in_driver,
+        engine_overrides={"device": "cuda", "gpu_memory_utilization": SHARED_ENGINE_MEMORY},
+        trainer_memory_fraction=SHARED_TRAINER_MEMORY,
+        # The driver's trainer and the actor share this machine's GPU 0: Ray sees that one.
+        ray_init_kwargs={"num_gpus": 1},
+        ray_gpus=[0] if in_driver else None,
+    )
+
+
+def _gpu_slots(nodes: list[Node], packed: int) -> list[tuple[Node, int]]:
+    """Every GPU of the cluster as (node, number), the first `packed` on one node where a node
+    has that many (the trainer's ranks: FSDP's collectives stay inside the node), the node this
+    script runs on first among equals."""
+    order = sorted(nodes, key=lambda n: (not n.driver,))
+    home = next((n for n in order if n.gpus >= packed), None)
+    if home is not None:
+        order = [home] + [n for n in order if n is not home]
+    return [(node, gpu) for node in order for gpu in range(node.gpus)]
+
+
+def _cpu_layout(rollout, num_processes: int, nodes: list[Node], in_driver: bool) -> Placement:
+    """No GPU: the ranks packed on the node with the most CPUs, then the actors first-fit."""
+    num_actors = max(1, rollout.num_actors)
+    room = {n.node_id: n.cpus for n in nodes}
+    ranks: list[Seat] = []
+    if in_driver:
+        ranks.append(Seat("trainer", 0, next(n for n in nodes if n.driver), None, 0.0, None, 0.0))
+    else:
+        need = num_processes * CPUS_PER_RANK
+        home = max(nodes, key=lambda n: room[n.node_id])
+        if room[home.node_id] < need:
+            raise PlacementError(
+                f"trainer.num_processes={num_processes} needs {need:g} CPUs on one node; the "
+                f"largest node has {room[home.node_id]:g}. Lower trainer.num_processes or add "
+                "CPUs to a node"
+            )
+        room[home.node_id] -= need
+        ranks = [
+            Seat("trainer", i, home, None, 0.0, None, CPUS_PER_RANK) for i in range(num_processes)
+        ]
+    actors = []
+    for i in range(num_actors):
+        need = max(rollout.cpus_per_actor, _MIN_BUNDLE_CPU)
+        node = next((n for n in nodes if room[n.node_id] >= need), None)
+        if node is None:
+            raise PlacementError(
+                f"rollout.num_actors={num_actors} at rollout.cpus_per_actor="
+                f"{rollout.cpus_per_actor:g}: the cluster has room for {i} beside the trainer; "
+                "lower rollout.num_actors or rollout.cpus_per_actor"
+            )
+        room[node.node_id] -= need
+        actors.append(Seat("actor", i, node, None, 0.0, None, rollout.cpus_per_actor))
+    return Placement(
+        layout="cpu",
+        ranks=tuple(ranks),
+        actors=tuple(actors),
+        weight_sync_backend="gloo",
+        trainer_in_driver=in_driver,
+        engine_overrides={"device": "cpu"},
+    )
+
+
+def placement_group_for(placement: Placement, ray, timeout_s: float = 600.0):
+    """One Ray placement group for the seats the job starts (the trainer's ranks unless it runs
+    in this process, and the actors), each bundle pinned to its planned node. Returns it with
+    the bundle index of every seat: {("trainer"|"actor", index): bundle}."""
+    from ray.util.placement_group import placement_group
+
+    bundles, selectors, index = [], [], {}
+    for seat in (*(() if placement.trainer_in_driver else placement.ranks), *placement.actors):
+        partner = _bundle_of_gpu(seat, index, bundles)
+        if partner is not None:  # the rank's GPU: its actor joins the rank's bundle
+            bundles[partner]["CPU"] += max(seat.cpus, _MIN_BUNDLE_CPU)
+            index[(seat.role, seat.index)] = partner
+            continue
+        bundle = {"CPU": max(seat.cpus, _MIN_BUNDLE_CPU)}
+        if seat.gpu is not None:
+            bundle["GPU"] = 1.0
+        index[(seat.role, seat.index)] = len(bundles)
+        bundles.append(bundle)
+        selectors.append({"ray.io/node-id": seat.node.node_id} if seat.node.node_id != "local" else {})
+    group = placement_group(bundles, strategy="PACK", bundle_label_selector=selectors)
+    ready = group.ready()
+    done, _ = ray.wait([ready], timeout=timeout_s)
+    if not done:
+        ray.util.remove_placement_group(group)
+        raise PlacementError(
+            f"the cluster did not free the resources of this layout in {timeout_s:.0f} s "
+            f"({bundles}); other jobs hold them: wait, or plan a smaller layout (--plan shows it)"
+        )
+    return group, index
+
+
+def _bundle_of_gpu(seat: Seat, index: dict, bundles: list[dict]) -> int | None:
+    """The bundle already holding this seat's GPU (a colocated actor's rank), if any."""
+    if seat.role != "actor" or seat.gpu is None or seat.gpu_share >= 1.0:
+        return None
+    return index.get(("trainer", seat.index))
+
+
+def scheduling(group, bundle: int) -> Any:
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return PlacementGroupSchedulingStrategy(
+        placement_group=group, placement_group_bundle_index=bundle
     )
 
 

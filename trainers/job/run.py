@@ -2,56 +2,43 @@
 
 run_job(config)
   prepare_run_directory    the environment defaults, W&B inside the run directory
-  plan_placement           where the trainer and the actors run (trainers.job.placement)
+  check_inputs, resume     the user's inputs and the checkpoint, checked before Ray
   ray_session              join the cluster the job runs in, or start a local Ray
-  RolloutPool              the actors, each running an LLMEngine
-  build_trainer            the TRL trainer of the configured mode (trainers.trl_adapter)
-  train                    trainer.train(), with an out-of-memory error that names the knob
-  job_summary              summary.json (trainers.job.summary)
+  plan_placement           trainer ranks and actors on the cluster's nodes (placement.py)
+  train_process            here (one rank on a Ray started here), or on every trainer rank
+                           (trainer_ranks.py): the pool, the TRL trainer, train, final model,
+                           summary.json (training.py)
+plan_job(config) is `--plan`: the layout the job would use on the cluster it sees, started nowhere.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from rollout.engine.config import EngineConfig
 from rollout.process_env import set_process_env_defaults
-from rollout.prompts import PromptFormatter
-from trainers.job.checkpoints import (
-    checkpoints,
-    read_rollout_state,
-    rollout_state_callback,
-    wandb_run_id,
-)
+from trainers.job.checkpoints import read_rollout_state, wandb_run_id
 from trainers.job.config import JobConfig
-from trainers.job.console import (
-    ActorDeaths,
-    console_callback,
-    plot_training,
-    quiet_default_printing,
+from trainers.job.placement import (
+    Placement,
+    PlacementError,
+    cluster_nodes,
+    placement_group_for,
+    plan_placement,
+    ray_sees,
+    this_machine,
 )
-from trainers.job.placement import plan_placement, ray_sees
 from trainers.job.preflight import JobInputError, check_inputs
 from trainers.job.resume import resolve_resume
 from trainers.job.session_reaper import local_session_name, start_session_reaper
 from trainers.job.stopping import GracefulStop
-from trainers.job.summary import job_summary
-from trainers.trl_adapter import JobInputs, attach_rollout_logging, build_trainer
+from trainers.job.training import Run, train_process
 
 
 def run_job(config: JobConfig) -> dict:
     out = prepare_run_directory(config)
-    # Heavy imports after the environment defaults, which transformers reads at import.
-    import torch
-
-    from rollout.actors.pool import RolloutPool
-
     # Everything the user gave, checked before Ray: a mistake fails in seconds, in one line.
     inputs = check_inputs(config)
     # The checkpoint too: a missing or damaged file stops the run here, not inside the trainer.
@@ -59,106 +46,49 @@ def run_job(config: JobConfig) -> dict:
     saved = read_rollout_state(resume)
     os.environ["WANDB_RUN_ID"] = saved.get("wandb_run_id") or wandb_run_id(out)
     os.environ["WANDB_RESUME"] = "allow"
-    placement = plan_placement(config.rollout, torch.cuda.device_count())
-    if placement.trainer_memory_fraction is not None:
-        # Sharing the GPU with an actor: beyond its share the trainer gets an out-of-memory
-        # error instead of starving the actor's KV cache.
-        torch.cuda.set_per_process_memory_fraction(placement.trainer_memory_fraction, 0)
     stop = GracefulStop()
     # Ray installs its own SIGTERM handler when it starts: ours goes in after it.
-    with ray_session(config, placement), stop.installed():
-        engine = EngineConfig(
-            model=inputs.model_path,
-            seed=config.seed,
-            **placement.engine_settings(config.rollout.engine),
-        )
+    with ray_session(config) as placement, stop.installed():
         print(
-            f"[train_grpo] {placement.num_actors} rollout actor(s), trainer on "
-            f"{placement.trainer_device}, weight sync over {placement.weight_sync_backend}"
-            + (f"; resuming from {resume}" if resume else "")
+            f"[train_grpo] {placement.num_processes} trainer rank(s) and "
+            f"{placement.num_actors} rollout actor(s) ({placement.layout}), trainer on "
+            f"{'this process' if placement.trainer_in_driver else 'Ray'}, weight sync over "
+            f"{placement.weight_sync_backend}" + (f"; resuming from {resume}" if resume else "")
         )
-        pool = RolloutPool(
-            engine,
-            placement.num_actors,
-            num_gpus_per_actor=placement.gpus_per_actor,
-            num_cpus_per_actor=config.rollout.cpus_per_actor,
+        if placement.trainer_in_driver:
+            return train_process(Run(config, inputs, out, placement, saved, resume), stop)
+        import ray
+
+        from trainers.job.trainer_ranks import run_on_ranks
+
+        group, seats = placement_group_for(placement, ray)
+        run = Run(
+            config,
+            None,
+            out,
+            placement,
+            saved,
+            resume,
+            actor_options=lambda i: {"scheduling_strategy": _seat(group, seats, i)},
         )
-        # A resumed run continues the weight versions, so staleness is counted as before.
-        pool.version = saved.get("model_version", 0)
-        built = None
-        deaths = ActorDeaths(pool, lambda: built.trainer.state.global_step if built else 0)
+        env = {k: v for k, v in os.environ.items() if k.startswith(("WANDB_", "HF_"))}
         try:
-            built = build_trainer(
-                JobInputs(
-                    config=config,
-                    out=out,
-                    model_path=inputs.model_path,
-                    tokenizer=inputs.tokenizer,
-                    dataset=inputs.dataset,
-                    reward_funcs=inputs.reward_funcs,
-                    formatter=PromptFormatter(inputs.tokenizer),
-                    pool=pool,
-                    weight_sync_backend=placement.weight_sync_backend,
-                    on_cpu=placement.trainer_device == "cpu",
-                    start_cursor=saved.get("dataset_position") or 0,
-                )
-            )
-            trainer = built.trainer
-            saver = attach_callbacks(built, pool, config, stop)
-            seconds = train(trainer, config, resume)
-            final_model = save_final_model(trainer, inputs.tokenizer, out)
-            summary = job_summary(config, built, pool.actor_metrics(), seconds, placement, out)
-            summary.update(
-                actors_at_end=placement.num_actors - len(pool.dead),
-                actor_deaths=deaths.summary(),
-                final_model=str(final_model),
-                checkpoints=[str(c) for c in checkpoints(out)],
-                checkpoint_saves=[
-                    {"step": step, "seconds": seconds, "gib": gib}
-                    for step, seconds, gib in saver.saves
-                ],
-                resumed_from=str(resume) if resume else None,
-                dataset_position_at_start=saved.get("dataset_position") or 0,
-                stopped_by=stop.requested,
-                dropped_prompts=inputs.dropped_prompts,
-                plot=str(plot_training(trainer.state.log_history, out / "training.png")),
-            )
-            (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-            return summary
+            return run_on_ranks(run, group, seats, stop, env)
         finally:
-            if built is not None and built.worker is not None:
-                built.worker.stop()
-            _finish_wandb()
-            pool.shutdown()
+            ray.util.remove_placement_group(group)
 
 
-def attach_callbacks(built, pool, config: JobConfig, stop: GracefulStop):
-    """The rollout side's metrics in every log, one console line per step instead of
-    transformers' dicts, the stop on a signal, and the rollout state in every checkpoint;
-    returns the last, whose `saves` time each checkpoint."""
-    trainer = built.trainer
-    attach_rollout_logging(trainer, pool, built.transfer)
-    quiet_default_printing(trainer)
-    trainer.add_callback(console_callback(config.trainer.max_steps))
-    trainer.add_callback(stop.callback(save=config.save_steps > 0))
-    saver = rollout_state_callback(
-        lambda: {
-            "dataset_position": built.dataset_position(),
-            "model_version": pool.version,
-            "wandb_run_id": os.environ["WANDB_RUN_ID"],
-        }
-    )
-    trainer.add_callback(saver)
-    return saver
+def _seat(group, seats: dict, actor: int):
+    from trainers.job.placement import scheduling
+
+    return scheduling(group, seats[("actor", actor)])
 
 
-def save_final_model(trainer, tokenizer, out: Path) -> Path:
-    """The trained model and its tokenizer, in Hugging Face format, at <output_dir>/final_model:
-    loadable by transformers and by LLMEngine(EngineConfig(model=...))."""
-    folder = out / "final_model"
-    trainer.save_model(str(folder))
-    tokenizer.save_pretrained(str(folder))
-    return folder
+def plan_job(config: JobConfig) -> list[str]:
+    """`--plan`: the layout's lines for the cluster the job would run on (joined only to read
+    its nodes; a Ray of our own is not started: this machine is described instead)."""
+    with ray_session(config, start_local=False) as placement:
+        return placement.describe()
 
 
 def prepare_run_directory(config: JobConfig) -> Path:
@@ -193,58 +123,52 @@ def prepare_run_directory(config: JobConfig) -> Path:
 
 
 @contextlib.contextmanager
-def ray_session(config: JobConfig, placement) -> Iterator[None]:
+def ray_session(config: JobConfig, start_local: bool = True) -> Iterator[Placement]:
     """Joins the Ray the job runs in (`ray job submit`, `ray_address`: its resources are set by
-    `ray start`), or starts one here that sees only the actors' GPUs (the trainer keeps cuda:0)
-    and stops it on the way out."""
+    `ray start`) and plans on its nodes, or plans on this machine and starts a Ray here that
+    sees only the actors' GPUs (a trainer in this process keeps cuda:0), stopped on the way out
+    (`start_local=False`: only the plan). Yields the Placement; a layout the cluster cannot hold
+    is a JobInputError, raised before any work."""
     import ray
 
-    if ray.is_initialized():
-        yield
-        return
-    joining = bool(config.ray_address or os.environ.get("RAY_ADDRESS"))
-    with ray_sees(None if joining else placement.ray_gpus):
-        ray.init(
-            # Not joining: a Ray of its own, even when `ray start` left one running here.
-            address=(config.ray_address or None) if joining else "local",
-            ignore_reinit_error=True,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-            **({} if joining else placement.ray_init_kwargs),
-        )
+    def planned(nodes, joining: bool) -> Placement:
+        try:
+            return plan_placement(
+                config.rollout, config.trainer.num_processes, nodes, joining=joining
+            )
+        except PlacementError as err:
+            raise JobInputError(str(err)) from None
+
+    joining = ray.is_initialized() or bool(config.ray_address or os.environ.get("RAY_ADDRESS"))
+    placement = None
+    if not joining:
+        import torch
+
+        placement = planned([this_machine(torch.cuda.device_count())], joining=False)
+        if not start_local:
+            yield placement
+            return
+    started_here = not ray.is_initialized()
+    if started_here:
+        with ray_sees(None if joining else placement.ray_gpus):
+            ray.init(
+                # Not joining: a Ray of our own, even when `ray start` left one running here.
+                address=(config.ray_address or None) if joining else "local",
+                ignore_reinit_error=True,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+                **({} if joining else placement.ray_init_kwargs),
+            )
     # A session of our own ends with the job even if the job is killed outright.
     reaper = None if joining else start_session_reaper(local_session_name())
     try:
-        yield
+        if joining:
+            placement = planned(cluster_nodes(ray), joining=True)
+        yield placement
     finally:
-        ray.shutdown()
+        if started_here:
+            ray.shutdown()
         if reaper is not None:  # Ray has ended in order: nothing left to watch
             reaper.kill()
             reaper.wait()
-
-
-def train(trainer, config: JobConfig, resume: Path | None) -> float:
-    """Run the trainer (from `resume` when given); returns the seconds it took."""
-    import torch
-
-    start = time.perf_counter()
-    try:
-        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    except torch.OutOfMemoryError as err:
-        raise RuntimeError(
-            f"the trainer ran out of GPU memory with trainer.token_budget={config.token_budget} "
-            f"({trainer.args.gradient_accumulation_steps} forwards per step). Lower "
-            "trainer.token_budget (it must stay >= rollout.engine.max_model_len), or turn on "
-            "trainer.gradient_checkpointing"
-        ) from err
-    return time.perf_counter() - start
-
-
-def _finish_wandb() -> None:
-    """Close the W&B run TRL opened, so its files are complete and a next job starts its own."""
-    wandb = sys.modules.get("wandb")
-    if wandb is not None and getattr(wandb, "run", None) is not None:
-        wandb.finish()
-    if wandb is not None and hasattr(wandb, "teardown"):
-        wandb.teardown()  # its settings (the run directory) are cached per process otherwise

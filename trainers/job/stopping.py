@@ -41,18 +41,36 @@ class GracefulStop:
             for s, handler in before.items():
                 signal.signal(s, handler)
 
-    def callback(self, save: bool):
+    def request(self, reason: str) -> None:
+        """Ask for the stop from another thread (a trainer rank told by the job's process)."""
+        self.requested = self.requested or reason
+
+    def callback(self, save: bool, every_rank: bool = False):
         """A TrainerCallback that ends training (with a checkpoint when `save`) once a signal
-        came."""
+        came. `every_rank`: the trainer runs across ranks, which must stop at the same step
+        (one rank leaving the loop would hang the others' collectives): at each step's end they
+        agree, one small all-reduce, whether any of them was asked."""
         from transformers import TrainerCallback
 
         stop = self
 
         class StopOnSignal(TrainerCallback):
             def on_step_end(self, args, state, control, **kwargs):
-                if stop.requested is not None:
+                asked = stop.requested is not None
+                if every_rank:
+                    asked = _any_rank(asked, args.device)
+                if asked:
                     control.should_training_stop = True
                     control.should_save = save
                 return control
 
         return StopOnSignal()
+
+
+def _any_rank(flag: bool, device) -> bool:
+    import torch
+    import torch.distributed as dist
+
+    votes = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(votes, op=dist.ReduceOp.MAX)
+    return bool(votes.item())

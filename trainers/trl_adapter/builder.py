@@ -39,6 +39,8 @@ class JobInputs:
     on_cpu: bool
     start_cursor: int = 0
     """The dataset row to start from (a resumed run's saved position)."""
+    num_processes: int = 1
+    """Trainer ranks: more than one shards the model with FSDP2 (streaming mode)."""
 
 
 @dataclass
@@ -102,7 +104,7 @@ def build_trainer(job: JobInputs) -> BuiltTrainer:
 
     t = job.config.trainer
     probe = ParityProbe(job.pool, job.formatter.prompt_ids(job.dataset[0]["prompt"]))
-    transfer = PoolWeightTransfer(job.pool, probe, job.weight_sync_backend)
+    transfer = PoolWeightTransfer(job.pool, job.weight_sync_backend)
     turn_tokens = job.config.environment.max_turn_tokens  # multi-turn: one model turn's limit
     sampling = SamplingParams(
         max_tokens=min(turn_tokens or t.max_completion_length, t.max_completion_length),
@@ -113,7 +115,9 @@ def build_trainer(job: JobInputs) -> BuiltTrainer:
     worker = None
     if t.mode == "streaming":
         trainer, worker = streaming.trainer_for_job(job, sampling, transfer, rewards)
+        trainer.parity = probe
+        trainer.lora = t.lora is not None
     else:
-        trainer = sync.trainer_for_job(job, sampling, transfer)
+        trainer = sync.trainer_for_job(job, sampling, transfer, probe)
     probe.attach(trainer.model)
     return BuiltTrainer(trainer, transfer, rewards, worker)

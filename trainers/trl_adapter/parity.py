@@ -1,22 +1,21 @@
 """The logprob parity check after each weight sync: a probe completion's logprobs from an actor
 against the trainer's own forward over the same tokens. A large gap means the actor generates
-under other weights or another attention than the trainer trains with."""
+under other weights or another attention than the trainer trains with.
+
+With the trainer across ranks, rank 0 draws the probe and every rank runs the forward (a sharded
+model's forward gathers its parameters from all ranks)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-def logprob_parity(pool, model, prompt_ids: list[int], max_tokens: int = 16) -> float:
-    """Worst |actor logprob - trainer logprob| over a probe completion (temperature 1)."""
+def trainer_logprobs(model, prompt_ids: list[int], tokens: list[int]):
+    """The trainer's logprob of each of `tokens` after `prompt_ids` (a plain causal forward)."""
     import torch
 
     from trainers.trl_adapter.tree_attention import TREE_ATTENTION_NAME
 
-    probe = pool.probe(prompt_ids, max_tokens=max_tokens)
-    tokens = probe["token_ids"]
-    if not tokens:
-        return 0.0
     was_training = model.training
     model.eval()
     with torch.no_grad():
@@ -26,30 +25,61 @@ def logprob_parity(pool, model, prompt_ids: list[int], max_tokens: int = 16) -> 
         if implementation == TREE_ATTENTION_NAME:  # a plain causal forward for one sequence
             model.set_attn_implementation("sdpa")
         try:
-            logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float()
+            logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
         finally:
             if implementation == TREE_ATTENTION_NAME:
                 model.set_attn_implementation(implementation)
     model.train(was_training)
-    expected = torch.log_softmax(logits, -1).gather(
-        1, torch.tensor(tokens, device=device)[:, None]
-    )[:, 0]
-    return float((expected.cpu() - torch.tensor(probe["logprobs"])).abs().max())
+    picked = torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens, device=device)[:, None])
+    return picked[:, 0].cpu()
+
+
+def logprob_parity(pool, model, prompt_ids: list[int], max_tokens: int = 16) -> float:
+    """Worst |actor logprob - trainer logprob| over a probe completion (temperature 1)."""
+    import torch
+
+    probe = pool.probe(prompt_ids, max_tokens=max_tokens)
+    if not probe["token_ids"]:
+        return 0.0
+    expected = trainer_logprobs(model, prompt_ids, probe["token_ids"])
+    return float((expected - torch.tensor(probe["logprobs"])).abs().max())
 
 
 class ParityProbe:
-    """`logprob_parity` for the weight transfer to call after a sync. The transfer is built
-    before the trainer (the streaming trainer takes it as an argument), so the trainer's model
-    is attached once the trainer exists."""
+    """`logprob_parity` after each sync, recorded in the weight transfer's history. The transfer
+    is built before the trainer (the streaming trainer takes it as an argument), so the
+    trainer's model is attached once the trainer exists."""
 
-    def __init__(self, pool, prompt_ids: list[int]) -> None:
+    def __init__(self, pool, prompt_ids: list[int], max_tokens: int = 16) -> None:
         self.pool = pool
         self.prompt_ids = prompt_ids
+        self.max_tokens = max_tokens
         self.model: Any = None
 
     def attach(self, model) -> None:
         self.model = model
 
-    def __call__(self) -> float:
+    def run(self, accelerator=None, transfer=None) -> None:
+        """After a sync: rank 0 (the one holding `transfer`) draws the probe; with an
+        `accelerator` of several ranks, its tokens go to every rank, which all run the forward.
+        The gap lands in `transfer.history[-1]`."""
+        import torch
+
         assert self.model is not None, "attach the trainer's model before the first sync"
-        return logprob_parity(self.pool, self.model, self.prompt_ids)
+        if accelerator is None or accelerator.num_processes == 1:
+            if transfer is not None and transfer.history:
+                gap = logprob_parity(self.pool, self.model, self.prompt_ids, self.max_tokens)
+                transfer.history[-1]["logprob_max_abs_diff"] = gap
+            return
+        from accelerate.utils import broadcast_object_list
+
+        probe = None
+        if transfer is not None:
+            probe = self.pool.probe(self.prompt_ids, max_tokens=self.max_tokens)
+        probe = broadcast_object_list([probe], from_process=0)[0]
+        if not probe["token_ids"]:
+            return
+        expected = trainer_logprobs(self.model, self.prompt_ids, probe["token_ids"])
+        if transfer is not None and transfer.history:
+            gap = float((expected - torch.tensor(probe["logprobs"])).abs().max())
+            transfer.history[-1]["logprob_max_abs_diff"] = gap

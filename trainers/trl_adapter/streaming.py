@@ -26,6 +26,8 @@ from rollout.prompts import PromptFormatter
 from trainers.task.reward_loading import RewardFunctionError
 from trainers.task.scoring import score_group
 from trainers.trl_adapter.args import trl_args, trl_config
+from trainers.trl_adapter.lora import peft_config_for
+from trainers.trl_adapter.sharded import fsdp_args, pool_trainer_class
 from trainers.trl_adapter.tree_attention import TREE_ATTENTION_NAME, register_tree_attention
 
 if TYPE_CHECKING:
@@ -52,12 +54,22 @@ def trainer_for_job(job: JobInputs, sampling: SamplingParams, transfer, rewards:
         episode_limits=job.config.episode_limits(),
     )
     args = trl_args(job.config, job.out, job.on_cpu) | streaming_trl_args(job.config)
+    if job.num_processes > 1:
+        args |= fsdp_args()
+    lora = job.config.trainer.lora
     trainer = build_async_trainer(
-        job.model_path, job.tokenizer, job.dataset, job.reward_funcs, worker, transfer, args
+        job.model_path,
+        job.tokenizer,
+        job.dataset,
+        job.reward_funcs,
+        worker,
+        transfer,
+        args,
+        peft_config=peft_config_for(lora) if lora is not None else None,
     )
     # The trainer counts weight versions like the pool: a resumed run continues them, so the
-    # staleness of its samples is counted as before.
-    trainer.model_version = job.pool.version
+    # staleness of its samples is counted as before. Ranks other than 0 have no pool.
+    trainer.model_version = job.pool.version if job.pool is not None else 0
     return trainer, worker
 
 
@@ -80,19 +92,20 @@ def build_async_trainer(
     worker: Any,
     transfer: Any,
     args: dict,
+    peft_config=None,
 ):
-    """AsyncGRPOTrainer wired to a rollout worker and a weight transfer that follow TRL's
-    protocols (the job's: `PoolRolloutWorker`, `weight_sync.PoolWeightTransfer`), its attention
-    swapped for ours."""
+    """AsyncGRPOTrainer (`sharded.pool_trainer_class`: its sync goes to the pool, across ranks)
+    wired to a rollout worker and a weight transfer that follow TRL's protocols (the job's:
+    `PoolRolloutWorker`, `weight_sync.PoolWeightTransfer`), its attention swapped for ours."""
     import torch
-    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+    from trl.experimental.async_grpo import AsyncGRPOConfig
     from trl.experimental.async_grpo import async_grpo_trainer as trainer_module
 
     config = trl_config(AsyncGRPOConfig, args)
     if not torch.cuda.is_available():
         # Feeds only the MFU metric and asks for a CUDA device: meaningless on CPU.
         trainer_module.get_peak_flops_per_device = lambda *a, **k: float("inf")  # MFU reads 0
-    trainer = AsyncGRPOTrainer(
+    trainer = pool_trainer_class()(
         model=model_path,
         reward_funcs=reward_funcs,
         args=config,
@@ -100,6 +113,7 @@ def build_async_trainer(
         processing_class=tokenizer,
         rollout_worker=worker,
         weight_transfer=transfer,
+        peft_config=peft_config,
     )
     register_tree_attention()
     trainer.model.set_attn_implementation(TREE_ATTENTION_NAME)

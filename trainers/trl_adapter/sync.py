@@ -15,16 +15,18 @@ from typing import TYPE_CHECKING, Any
 from rollout.engine.sampling_params import SamplingParams
 from rollout.prompts import PromptFormatter
 from trainers.trl_adapter.args import trl_args, trl_config
+from trainers.trl_adapter.lora import adapter_for_sync, peft_config_for
 
 if TYPE_CHECKING:
     from trainers.job.config import JobConfig
     from trainers.trl_adapter.builder import JobInputs
 
 
-def trainer_for_job(job: JobInputs, sampling: SamplingParams, transfer):
-    """The job's trl.GRPOTrainer, generating through the pool."""
+def trainer_for_job(job: JobInputs, sampling: SamplingParams, transfer, probe=None):
+    """The job's trl.GRPOTrainer, generating through the pool (`probe`: the parity check after
+    each sync)."""
     config = job.config
-    before_generation = WeightsBeforeGeneration(transfer)
+    before_generation = WeightsBeforeGeneration(transfer, probe, lora=config.trainer.lora is not None)
     rollout_func = make_rollout_func(
         job.pool,
         job.formatter,
@@ -36,7 +38,13 @@ def trainer_for_job(job: JobInputs, sampling: SamplingParams, transfer):
     )
     args = trl_args(config, job.out, job.on_cpu) | sync_trl_args(config)
     return build_sync_trainer(
-        job.model_path, job.tokenizer, job.dataset, job.reward_funcs, rollout_func, args
+        job.model_path,
+        job.tokenizer,
+        job.dataset,
+        job.reward_funcs,
+        rollout_func,
+        args,
+        peft_config=peft_config_for(config.trainer.lora) if config.trainer.lora else None,
     )
 
 
@@ -56,7 +64,9 @@ def sync_trl_args(config: JobConfig) -> dict:
     return args
 
 
-def build_sync_trainer(model_path: str, tokenizer, dataset, reward_funcs, rollout_func, args: dict):
+def build_sync_trainer(
+    model_path: str, tokenizer, dataset, reward_funcs, rollout_func, args: dict, peft_config=None
+):
     from trl import GRPOConfig, GRPOTrainer
 
     return GRPOTrainer(
@@ -66,23 +76,32 @@ def build_sync_trainer(model_path: str, tokenizer, dataset, reward_funcs, rollou
         train_dataset=dataset,
         processing_class=tokenizer,
         rollout_func=rollout_func,
+        peft_config=peft_config,
     )
 
 
 class WeightsBeforeGeneration:
-    """Sends the trainer's weights to the pool when the trainer has stepped since the last
-    send, so every generation runs under the weights the trainer holds."""
+    """Sends the trainer's weights (with LoRA: its adapter) to the pool when the trainer has
+    stepped since the last send, so every generation runs under the weights the trainer
+    holds; then the parity probe."""
 
-    def __init__(self, transfer) -> None:
+    def __init__(self, transfer, probe=None, lora: bool = False) -> None:
         self.transfer = transfer
+        self.probe = probe
+        self.lora = lora
         self.synced_step = 0
 
     def __call__(self, trainer) -> None:
         step = trainer.state.global_step
         if step > self.synced_step:
             self.transfer.pause()
-            self.transfer.send_weights(trainer.model.named_parameters())
+            if self.lora:
+                self.transfer.send_adapter(adapter_for_sync(trainer.model))
+            else:
+                self.transfer.send_weights(trainer.model.named_parameters())
             self.transfer.resume()
+            if self.probe is not None:
+                self.probe.run(transfer=self.transfer)
             self.synced_step = step
 
 
