@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import typing
 
 import pytest
 
@@ -220,11 +221,14 @@ def test_engine_errors_name_the_jobs_key(override, message) -> None:
 
 
 def _leaf_fields(cls, prefix: str = ""):
-    """(dotted key, annotation) of every value field under a config dataclass, sections opened."""
+    """(dotted key, annotation) of every value field under a config dataclass, sections opened
+    (the optional ones too, such as trainer.lora)."""
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        nested = f.default_factory if f.default_factory is not dataclasses.MISSING else None
-        if nested is not None and dataclasses.is_dataclass(nested):
-            yield from _leaf_fields(nested, f"{prefix}{f.name}.")
+        kinds = typing.get_args(hints[f.name]) or (hints[f.name],)
+        sections = [kind for kind in kinds if dataclasses.is_dataclass(kind)]
+        if sections:
+            yield from _leaf_fields(sections[0], f"{prefix}{f.name}.")
         else:
             yield prefix + f.name, str(f.type)
 
@@ -237,16 +241,36 @@ _ALL_FIELDS = list(_leaf_fields(JobConfig)) + [
 ]
 # A wrong value for each kind of field: not a number, not a bool, not a string.
 _WRONG = {"int": "abc", "float": "[1, 2]", "bool": "maybe", "str": "[a, b]"}
+# What turns each optional section on, so that a wrong value inside it is what gets refused.
+_SECTION_ON = {"trainer.lora.": ["trainer.lora.r=8"]}
+
+
+def _turned_on(key: str) -> list[str]:
+    return next((on for prefix, on in _SECTION_ON.items() if key.startswith(prefix)), [])
+
+
+def _optional_sections(cls, prefix: str = ""):
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kinds = typing.get_args(hints[f.name]) or (hints[f.name],)
+        for kind in [k for k in kinds if dataclasses.is_dataclass(k)]:
+            if type(None) in kinds:
+                yield f"{prefix}{f.name}."
+            yield from _optional_sections(kind, f"{prefix}{f.name}.")
+
+
+def test_every_optional_section_is_turned_on_above() -> None:
+    assert set(_optional_sections(JobConfig)) == set(_SECTION_ON)
 
 
 @pytest.mark.parametrize(("key", "kind"), _ALL_FIELDS, ids=[key for key, _ in _ALL_FIELDS])
 def test_every_field_refuses_a_value_of_the_wrong_kind(key, kind) -> None:
     """Driven by the dataclasses' fields: a new field cannot skip the type checks."""
     base = kind.replace(" | None", "")
-    if base not in _WRONG:  # rewards, reward_weights, rollout.engine: their own cases above
-        assert base in ("tuple[str, ...]", "tuple[float, ...]", "dict"), (key, kind)
+    if base not in _WRONG:  # rewards, reward_weights, rollout.engine, lora targets: own cases
+        assert base in ("tuple[str, ...]", "tuple[float, ...]", "dict", "tuple[str, ...] | str")
         return
-    message = _refusal([f"{key}={_WRONG[base]}"])
+    message = _refusal([*_turned_on(key), f"{key}={_WRONG[base]}"])
     assert message.startswith(f"{key}="), message
     assert ": must be " in message
 
@@ -256,7 +280,7 @@ def test_every_numeric_field_refuses_a_non_number() -> None:
     assert "trainer.learning_rate" in numeric and "rollout.engine.max_model_len" in numeric
     for key in numeric:
         for value in ("abc", "[1]", "{a: 1}", "true"):
-            message = _refusal([f"{key}={value}"])
+            message = _refusal([*_turned_on(key), f"{key}={value}"])
             assert message.startswith(f"{key}="), message
 
 
@@ -399,3 +423,86 @@ def test_reward_nan_value_defaults_to_an_error_and_takes_a_number() -> None:
     assert load_config(None, []).reward_nan_value is None
     assert load_config(None, ["reward_nan_value=0"]).reward_nan_value == 0
     assert load_config(None, ["reward_nan_value=-1.5"]).reward_nan_value == -1.5
+
+
+# ---- trainer ranks, LoRA and the rollout layout ---------------------------------------------
+
+
+def test_lora_is_off_by_default_and_r_alone_turns_it_on() -> None:
+    assert load_config(None, []).trainer.lora is None
+    lora = load_config(None, ["trainer.lora.r=8"]).trainer.lora
+    assert (lora.r, lora.alpha, lora.dropout, lora.target_modules) == (8, None, 0.0, "all-linear")
+    assert lora.effective_alpha == 16
+    off = load_config(None, ["trainer.lora.r=8", "trainer.lora=null"])
+    assert off.trainer.lora is None
+
+
+def test_lora_from_a_file_with_a_list_of_targets(tmp_path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("trainer:\n  lora: {r: 4, alpha: 1.0e+1, target_modules: [q_proj, v_proj]}\n")
+    lora = load_config(str(path), ["trainer.lora.dropout=0.05"]).trainer.lora
+    assert lora.target_modules == ("q_proj", "v_proj")
+    assert (lora.effective_alpha, lora.dropout) == (10, 0.05)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["trainer.lora.alpha=16"],
+            "trainer.lora.r is required when trainer.lora is given; set it, or trainer.lora=null "
+            "to leave the section out",
+        ),
+        (["trainer.lora={}"], "trainer.lora.r is required when trainer.lora is given"),
+        (["trainer.lora=3"], "trainer.lora=3: must be a mapping (e.g. trainer.lora.KEY=VALUE)"),
+        (["trainer.lora.r=0"], "trainer.lora.r=0: must be >= 1"),
+        (["trainer.lora.r=4", "trainer.lora.alpha=0"], "trainer.lora.alpha=0: must be > 0"),
+        (["trainer.lora.r=4", "trainer.lora.dropout=1"], "trainer.lora.dropout=1: must be >= 0"),
+        (
+            ["trainer.lora.r=4", "trainer.lora.target_modules=q_proj"],
+            "trainer.lora.target_modules=q_proj: must be all-linear or a list of names like",
+        ),
+        (
+            ["trainer.lora.r=4", "trainer.lora.target_modules=[]"],
+            "trainer.lora.target_modules=[]: give at least one module name, or all-linear",
+        ),
+        (
+            ["trainer.lora.r=4", "trainer.lora.target_modules=3"],
+            "trainer.lora.target_modules=3: must be a list of strings or a string",
+        ),
+        (
+            ["trainer.lora.r=4", "trainer.lora.target_modules=[q_proj, lm_head]"],
+            "trainer.lora.target_modules=[q_proj, lm_head]: lm_head is the output head: TRL's "
+            "AsyncGRPO computes logprobs from its base weight and would ignore the adapter",
+        ),
+        (["trainer.num_processes=0"], "trainer.num_processes=0: must be >= 1"),
+        (
+            ["trainer.num_processes=2", "trainer.mode=sync"],
+            "trainer.num_processes=2: several trainer ranks run in streaming mode only for now; "
+            "use trainer.mode=streaming (or trainer.num_processes=1)",
+        ),
+        (
+            ["rollout.layout=spread"],
+            "rollout.layout=spread: must be auto, shared, split or colocated",
+        ),
+    ],
+)
+def test_ranks_lora_and_layout_errors_are_one_line(overrides, message) -> None:
+    assert _refusal(overrides).startswith(message)
+
+
+def test_several_ranks_and_each_layout_are_accepted() -> None:
+    config = load_config(None, ["trainer.num_processes=4", "rollout.layout=colocated"])
+    assert (config.trainer.num_processes, config.rollout.layout) == (4, "colocated")
+    assert load_config(None, []).rollout.layout == "auto"
+    for layout in ("shared", "split"):
+        assert load_config(None, [f"rollout.layout={layout}"]).rollout.layout == layout
+
+
+def test_rollout_actors_default_to_auto_which_is_one_on_cpu() -> None:
+    from trainers.job.placement import plan_placement
+
+    rollout = load_config(None, []).rollout
+    assert rollout.num_actors == 0
+    assert plan_placement(rollout, num_gpus=0).num_actors == 1
+    assert plan_placement(rollout, num_gpus=4).num_actors == 3

@@ -2,7 +2,8 @@
 
 - config.py       JobConfig: every key, documented; config_checks.py checks each value,
                   config_loading.py reads the YAML file and the dotted overrides
-- preflight.py    the user's inputs, checked before Ray starts
+- preflight.py    the user's inputs, checked before Ray starts (lora_targets.py: LoRA's target
+                  layers against the model, built on the meta device)
 - placement.py    where the trainer and the rollout actors run
 - resume.py       the checkpoint to resume from, checked whole before Ray starts
 - checkpoints.py  the rollout side's part of each checkpoint, and the marker that completes it

@@ -12,6 +12,7 @@ from rollout.engine.config import EngineConfig
 from trainers.job.config_checks import (
     at_least,
     check_engine,
+    check_lora_targets,
     check_types,
     not_empty,
     one_of,
@@ -36,6 +37,40 @@ class DatasetConfig:
         check_types(self, "dataset.")
         not_empty("dataset.source", self.source)
         at_least("dataset.num_examples", self.num_examples, 1, " (null: all rows)")
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """`trainer.lora.*`: low-rank adapters (PEFT's LoRA) trained instead of the full weights."""
+
+    r: int
+    """The adapters' rank; required when trainer.lora is given (trainer.lora.r=16 turns it on)."""
+    alpha: float | None = None
+    """LoRA's alpha: an adapter's update is scaled by alpha / r. None: 2 x r (a scaling of 2)."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input while training (0 <= dropout < 1)."""
+    target_modules: tuple[str, ...] | str = "all-linear"
+    """Layers that get an adapter: "all-linear" (every linear layer but the output head, PEFT's
+    meaning), or a list of module-name suffixes such as [q_proj, v_proj] (a layer matches when
+    its name is the entry or ends in "." + entry). The output head (lm_head) is refused: TRL's
+    AsyncGRPO computes logprobs from the head's base weight and would ignore its adapter."""
+
+    @property
+    def effective_alpha(self) -> float:
+        """alpha as PEFT gets it (2 x r when unset)."""
+        return self.alpha if self.alpha is not None else 2.0 * self.r
+
+    def __post_init__(self) -> None:
+        k = "trainer.lora."
+        if isinstance(self.target_modules, list):  # a list from Python code: the tuple it means
+            object.__setattr__(self, "target_modules", tuple(self.target_modules))
+        check_types(self, k)
+        at_least(k + "r", self.r, 1)
+        if self.alpha is not None and not self.alpha > 0:
+            refuse(k + "alpha", self.alpha, "must be > 0 (null: 2 x r)")
+        if not 0 <= self.dropout < 1:
+            refuse(k + "dropout", self.dropout, "must be >= 0 and < 1")
+        check_lora_targets(self.target_modules)
 
 
 @dataclass(frozen=True)
@@ -74,6 +109,11 @@ class TrainerConfig:
     """Training dtype of the trainer's model ("float32" on CPU; "bfloat16" on GPUs; "float16")."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, more time)."""
+    num_processes: int = 1
+    """Trainer ranks (processes; one per GPU on GPU clusters), sharding the model with FSDP2."""
+    lora: LoraSettings | None = None
+    """LoRA through PEFT (`trainer.lora.*`; trainer.lora.r=16 turns it on with the rest
+    defaulted). None: full fine-tuning."""
     logging_steps: int = 1
     """Optimizer steps between logged metrics (console and W&B)."""
     save_steps: int | None = None
@@ -118,6 +158,7 @@ class TrainerConfig:
         at_least(k + "token_budget", self.token_budget, 1, " or null")
         at_least(k + "gradient_accumulation_steps", self.gradient_accumulation_steps, 1, " or null")
         one_of(k + "dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        at_least(k + "num_processes", self.num_processes, 1)
         at_least(k + "logging_steps", self.logging_steps, 1)
         at_least(k + "save_steps", self.save_steps, 0, " (0: no checkpoints; null: four per run)")
         at_least(k + "save_total_limit", self.save_total_limit, 1, " or null (keep all)")
@@ -125,8 +166,9 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    num_actors: int = 1
-    """Ray rollout actors. On GPU machines: one per GPU the trainer does not use (0 = auto)."""
+    num_actors: int = 0
+    """Ray rollout actors; 0 = one per GPU the trainer does not use (on a cluster without GPUs:
+    1)."""
     cpus_per_actor: float = 1.0
     """CPUs Ray reserves for each actor (fractions share a core; 0 reserves none)."""
     engine: dict = field(
@@ -138,6 +180,12 @@ class RolloutConfig:
     trainer and one actor share a single GPU (NCCL refuses two ranks on one device; the actor maps
     the trainer's buffer and copies on the GPU), "gloo" on CPU (through host memory: it also
     works between GPUs, slowly)."""
+    layout: str = "auto"
+    """Where the trainer and the actors sit on the GPUs. "shared": one GPU holds the trainer (one
+    rank) and one actor, weights over CUDA IPC (auto's choice on a one-GPU cluster); "split":
+    trainer ranks on GPUs of their own, actors on the others, weights over NCCL (auto's choice
+    with 2+ GPUs); "colocated": every trainer GPU also holds an actor (each rank syncs its own
+    GPU's actor over CUDA IPC). On a cluster without GPUs every layout is the CPU layout."""
 
     def __post_init__(self) -> None:
         check_types(self, "rollout.")
@@ -151,6 +199,7 @@ class RolloutConfig:
             self.weight_sync_backend,
             ("auto", "gloo", "nccl", "cuda_ipc"),
         )
+        one_of("rollout.layout", self.layout, ("auto", "shared", "split", "colocated"))
 
 
 @dataclass(frozen=True)
@@ -348,6 +397,20 @@ class JobConfig:
                     f"must divide the step's {samples} samples (prompts_per_step x "
                     "num_generations) in sync mode",
                 )
+        _check_trainer_ranks(self)
+
+
+def _check_trainer_ranks(config: JobConfig) -> None:
+    """What several trainer ranks cannot run with yet. NOTE: the multi-rank path is built for
+    streaming mode only; lift the sync refusal here once sync mode runs under FSDP2."""
+    ranks = config.trainer.num_processes
+    if ranks > 1 and config.trainer.mode == "sync":
+        refuse(
+            "trainer.num_processes",
+            ranks,
+            "several trainer ranks run in streaming mode only for now; use trainer.mode=streaming "
+            "(or trainer.num_processes=1)",
+        )
 
 
 def to_dict(config: JobConfig) -> dict:

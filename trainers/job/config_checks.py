@@ -41,7 +41,8 @@ def _is_number(value: Any) -> bool:
 
 def check_types(config, prefix: str) -> None:
     """Every field of a config dataclass against its annotation: `int`, `float`, `bool`, `str`,
-    `dict`, tuples of str or float, a section's dataclass, each optionally `| None`."""
+    `dict`, tuples of str or float, a section's dataclass, or a union of them (`| None`: null
+    is allowed)."""
     for f in dataclasses.fields(config):
         _check_type(prefix + f.name, getattr(config, f.name), f.type)
 
@@ -49,19 +50,23 @@ def check_types(config, prefix: str) -> None:
 def _check_type(key: str, value: Any, annotation: str) -> None:
     kinds = [kind.strip() for kind in str(annotation).split("|")]
     optional = "None" in kinds
-    (kind,) = [k for k in kinds if k != "None"]
-    if kind in _KINDS:
-        words, ok = _KINDS[kind]
-    else:  # a section: one of the config's own dataclasses, named by its class
-        words = f"a {kind}"
-
-        def ok(v):
-            return dataclasses.is_dataclass(v) and type(v).__name__ == kind
-
+    checks = [_kind(kind) for kind in kinds if kind != "None"]
     if value is None and optional:
         return
-    if not ok(value):
+    if not any(ok(value) for _, ok in checks):
+        words = " or ".join(words for words, _ in checks)
         refuse(key, value, f"must be {words}" + (" or null" if optional else ""))
+
+
+def _kind(kind: str) -> tuple[str, Any]:
+    """A kind's words for the error message, and its test."""
+    if kind in _KINDS:
+        return _KINDS[kind]
+
+    def ok(v):  # a section: one of the config's own dataclasses, named by its class
+        return dataclasses.is_dataclass(v) and type(v).__name__ == kind
+
+    return f"a {kind}", ok
 
 
 def check_engine(engine: dict) -> None:
@@ -84,6 +89,32 @@ def check_engine(engine: dict) -> None:
         EngineConfig(**engine)
     except ValueError as err:
         raise ConfigError(f"rollout.engine={show(engine)}: {err}") from None
+
+
+# The output head's usual names: its adapter would be ignored (TRL's AsyncGRPO takes logprobs
+# from the head's base weight); the model's own name for it is checked by trainers/job/lora_targets.py.
+_OUTPUT_HEADS = ("lm_head",)
+
+
+def check_lora_targets(targets: tuple[str, ...] | str) -> None:
+    """`trainer.lora.target_modules` as a config value (the model's layers: lora_targets.py)."""
+    key = "trainer.lora.target_modules"
+    if isinstance(targets, str):
+        if targets != "all-linear":
+            refuse(key, targets, "must be all-linear or a list of names like [q_proj, v_proj]")
+        return
+    if not targets:
+        refuse(key, targets, "give at least one module name, or all-linear")
+    for entry in targets:
+        not_empty(key, entry)
+    heads = [entry for entry in targets if entry.split(".")[-1] in _OUTPUT_HEADS]
+    if heads:
+        refuse(
+            key,
+            targets,
+            f"{', '.join(heads)} is the output head: TRL's AsyncGRPO computes logprobs from its "
+            "base weight and would ignore the adapter; leave it out",
+        )
 
 
 def unknown_keys(prefix: str, unknown: list[str], known) -> NoReturn:

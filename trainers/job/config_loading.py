@@ -4,6 +4,8 @@ overrides, built into the frozen dataclasses of config.py (which check every val
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -86,27 +88,52 @@ def _build(cls, values: dict, prefix: str):
     unknown = sorted(str(k) for k in set(values) - set(known))
     if unknown:
         unknown_keys(prefix, unknown, known)
+    missing = [name for name, f in known.items() if _required(f) and name not in values]
+    if missing:
+        raise ConfigError(
+            f"{prefix}{missing[0]} is required when {prefix.rstrip('.')} is given; set it, or "
+            f"{prefix.rstrip('.')}=null to leave the section out"
+        )
     kwargs = {}
     for name, value in values.items():
         f = known[name]
-        nested = f.default_factory if f.default_factory is not dataclasses.MISSING else None
-        if nested is not None and dataclasses.is_dataclass(nested):
-            if value is None:
+        section, optional = _section(cls, name)
+        if section is not None and value is None and optional:
+            kwargs[name] = None  # an optional section left out (e.g. trainer.lora=null)
+        elif section is not None:
+            if value is None:  # an empty section in the file: its defaults
                 value = {}
             if not isinstance(value, dict):
                 refuse(prefix + name, value, f"must be a mapping (e.g. {prefix}{name}.KEY=VALUE)")
-            kwargs[name] = _build(nested, value, f"{prefix}{name}.")
+            kwargs[name] = _build(section, value, f"{prefix}{name}.")
         elif isinstance(value, dict) and f.type != "dict":
             refuse(prefix + name, value, "is a single value, not a section with keys")
         elif name == "rewards":
             kwargs[name] = (value,) if isinstance(value, str) else _tuple(value)
         elif name == "reward_weights":
             kwargs[name] = _tuple(value, _maybe_number)
+        elif "tuple[" in str(f.type):
+            kwargs[name] = _tuple(value)
         elif "float" in str(f.type):
             kwargs[name] = _maybe_number(value)
         else:
             kwargs[name] = value
     return cls(**kwargs)
+
+
+def _required(f: dataclasses.Field) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+@functools.cache
+def _section(cls, name: str) -> tuple[type | None, bool]:
+    """The config dataclass a field holds (None for a plain value), and whether the field may be
+    null: `trainer: TrainerConfig` is a section that is always there, `lora: LoraSettings | None`
+    one that is there only when given."""
+    hint = typing.get_type_hints(cls)[name]
+    kinds = typing.get_args(hint) or (hint,)
+    sections = [kind for kind in kinds if dataclasses.is_dataclass(kind)]
+    return (sections[0] if sections else None), type(None) in kinds
 
 
 def _tuple(value: Any, convert=lambda v: v) -> Any:

@@ -1,7 +1,8 @@
-"""Everything a job needs from the user, checked before Ray starts: the model folder, the dataset,
-the reward functions, the environment class and the lengths (the config's own values are checked
-when it is built, trainers/job/config.py; output_dir by prepare_run_directory). A mistake is a `JobInputError` with one line that names the
-key and what to change; `scripts/train_grpo.py` prints it without a traceback."""
+"""Everything a job needs from the user, checked before Ray starts: the model folder, LoRA's target
+layers in it, the dataset, the reward functions, the environment class and the lengths (the
+config's own values are checked when it is built, trainers/job/config.py; output_dir by
+prepare_run_directory). A mistake is a `JobInputError` with one line that names the key and what
+to change; `scripts/train_grpo.py` prints it without a traceback."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def check_inputs(config: JobConfig) -> CheckedInputs:
 
     model_path = _model_path(config.model)
     tokenizer = _tokenizer(model_path)
+    _lora_targets(config, model_path)
     dataset = _dataset(config)
     reward_funcs = _rewards(config)
     _environment(config)
@@ -64,6 +66,24 @@ def _tokenizer(model_path: str):
             f"model={model_path}: no tokenizer could be loaded from it ({type(err).__name__}); "
             "save the model's tokenizer into the same folder"
         ) from err
+
+
+def _lora_targets(config: JobConfig, model_path: str) -> None:
+    """trainer.lora's target modules name linear layers of the model the trainer will load."""
+    if config.trainer.lora is None:
+        return
+    from trainers.job.lora_targets import lora_target_problem, meta_model
+
+    try:
+        model = meta_model(model_path)
+    except Exception as err:  # noqa: BLE001 - the trainer could not build this model either
+        raise JobInputError(
+            f"model={config.model}: transformers cannot build a causal LM from its config "
+            f"({type(err).__name__}: {err}); trainer.lora needs one"
+        ) from err
+    problem = lora_target_problem(config.trainer.lora, model, config.model)
+    if problem is not None:
+        raise JobInputError(problem)
 
 
 def _dataset(config: JobConfig):

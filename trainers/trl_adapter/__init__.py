@@ -6,10 +6,11 @@ package (tested with trl==1.16.0, pinned in pyproject.toml).
 - sync.py            sync mode: trl.GRPOTrainer with a rollout_func on the pool
 - args.py            the TRL arguments both modes share
 - weight_sync.py     the weights to the pool after a step; parity.py checks them
+- lora.py            PEFT's LoRA: its config, the adapters a sync sends, the merged final model
 - tree_attention.py  AsyncGRPOTrainer's packed-row attention without a Hub kernel
 - rollout_logging.py the rollout side in the trainer's logs, and the step time split
 
-Leaves room for LoRA, the next step here: adapters on the trainer's model, set up beside the
+LoRA's pieces (lora.py) are not wired into the trainers yet: that wiring belongs beside the
 trainer they train in (the trainer ranks that run it are placed by trainers.job).
 """
 
