@@ -500,9 +500,9 @@ def test_several_ranks_and_each_layout_are_accepted() -> None:
 
 
 def test_rollout_actors_default_to_auto_which_is_one_on_cpu() -> None:
-    from trainers.job.placement import plan_placement
+    from trainers.job.placement import plan_placement, this_machine
 
     rollout = load_config(None, []).rollout
     assert rollout.num_actors == 0
-    assert plan_placement(rollout, num_gpus=0).num_actors == 1
-    assert plan_placement(rollout, num_gpus=4).num_actors == 3
+    assert plan_placement(rollout, 1, [this_machine(0)]).num_actors == 1
+    assert plan_placement(rollout, 1, [this_machine(4)]).num_actors == 3

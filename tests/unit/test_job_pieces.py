@@ -45,7 +45,7 @@ def test_weights_go_to_the_pool_once_per_optimizer_step() -> None:
 def test_the_parity_probe_needs_the_trainer_model_first() -> None:
     probe = ParityProbe(pool=None, prompt_ids=[1, 2])
     with pytest.raises(AssertionError, match="attach"):
-        probe()
+        probe.run()
 
 
 def test_reward_log_reads_first_and_last_version_means() -> None:

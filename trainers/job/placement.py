@@ -342,7 +342,9 @@ def placement_group_for(placement: Placement, ray, timeout_s: float = 600.0):
             bundle["GPU"] = 1.0
         index[(seat.role, seat.index)] = len(bundles)
         bundles.append(bundle)
-        selectors.append({"ray.io/node-id": seat.node.node_id} if seat.node.node_id != "local" else {})
+        selectors.append(
+            {"ray.io/node-id": seat.node.node_id} if seat.node.node_id != "local" else {}
+        )
     group = placement_group(bundles, strategy="PACK", bundle_label_selector=selectors)
     ready = group.ready()
     done, _ = ray.wait([ready], timeout=timeout_s)

@@ -3,6 +3,7 @@ step time split and memory. Written to <output_dir>/summary.json and printed."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,8 @@ def job_summary(
 
     tokens = sum(s["total_tokens"] for s in actor_stats.values())
     history = transfer.history
+    steps = max(1, trainer.state.global_step)
+    lora = config.trainer.lora
     return {
         "steps": trainer.state.global_step,
         "sequences": int(sum(s["total_sequences"] for s in actor_stats.values())),
@@ -37,6 +40,15 @@ def job_summary(
         "weight_syncs": len(history),
         "weight_sync_backend": placement.weight_sync_backend,
         "weight_sync_seconds": [round(h["seconds"], 3) for h in history],
+        # One sync's bytes (an adapter's with LoRA), and the syncs' time spread over the steps.
+        "weight_sync_bytes": history[-1]["bytes"] if history else 0,
+        "weight_sync_seconds_per_step": round(sum(h["seconds"] for h in history) / steps, 4),
+        "trainer_processes": placement.num_processes,
+        "layout": placement.layout,
+        "placement": placement.summary()["seats"],
+        "lora": (
+            None if lora is None else {**dataclasses.asdict(lora), "alpha": lora.effective_alpha}
+        ),
         "logprob_max_abs_diff": [h.get("logprob_max_abs_diff") for h in history],
         "step_time_split_s": step_time_split(trainer.state.log_history),
         "token_budget": config.token_budget,

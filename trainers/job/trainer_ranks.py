@@ -148,5 +148,7 @@ def _failure(rank: int, placement: Placement, err: BaseException, when: str = ""
     text = str(cause).strip().splitlines()
     reason = text[-1] if text else type(cause).__name__
     if not died:
-        reason = f"{type(cause).__name__}: {reason}" if type(cause).__name__ not in reason else reason
+        reason = (
+            f"{type(cause).__name__}: {reason}" if type(cause).__name__ not in reason else reason
+        )
     return f"trainer rank {rank} ({where}) {what}: {reason}; every rank and actor was stopped"

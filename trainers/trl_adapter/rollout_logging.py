@@ -94,6 +94,7 @@ def attach_rollout_logging(trainer, pool, transfer) -> None:
         if transfer.history:
             last = transfer.history[-1]
             logs["rollout/weight_sync_s"] = last["seconds"]
+            logs["rollout/weight_sync_bytes"] = last["bytes"]
             if last.get("logprob_max_abs_diff") is not None:
                 logs["rollout/logprob_max_abs_diff"] = last["logprob_max_abs_diff"]
         return original(logs, *args, **kwargs)

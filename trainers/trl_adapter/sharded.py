@@ -76,9 +76,7 @@ def pool_trainer_class():
                 named = self._streaming_iter()
                 if main:
                     specs = [(n, tuple(p.shape)) for n, p in _iter_vllm_named_params(model)]
-                    self.weight_transfer.send_weights(
-                        named, specs=specs, device=accelerator.device
-                    )
+                    self.weight_transfer.send_weights(named, specs=specs, device=accelerator.device)
                 else:
                     for _ in named:  # the same gathers, in the same order, as rank 0's
                         pass

@@ -26,7 +26,9 @@ def trainer_for_job(job: JobInputs, sampling: SamplingParams, transfer, probe=No
     """The job's trl.GRPOTrainer, generating through the pool (`probe`: the parity check after
     each sync)."""
     config = job.config
-    before_generation = WeightsBeforeGeneration(transfer, probe, lora=config.trainer.lora is not None)
+    before_generation = WeightsBeforeGeneration(
+        transfer, probe, lora=config.trainer.lora is not None
+    )
     rollout_func = make_rollout_func(
         job.pool,
         job.formatter,

@@ -25,9 +25,7 @@ class PoolWeightTransfer:
     def pause(self) -> None:
         self.pool.pause()
 
-    def send_weights(
-        self, iterator: Iterator[tuple[str, Any]], specs=None, device=None
-    ) -> None:
+    def send_weights(self, iterator: Iterator[tuple[str, Any]], specs=None, device=None) -> None:
         """Every parameter; with `specs` ((name, shape) in the iterator's order), pulled bucket
         by bucket as the transfer goes (each pull may be a gather across the trainer's ranks)."""
         if specs is None:

@@ -1,0 +1,302 @@
+"""The trainer across ranks on CPU (real processes, gloo, FSDP2): the job with two ranks and an
+actor, a sharded step against one process on the same batch, and a rank killed mid-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("trl")
+
+ROOT = Path(__file__).resolve().parents[2]
+_ENGINE = "rollout.engine={max_model_len: 64, max_num_seqs: 16, num_kv_blocks: 64, block_size: 8}"
+
+
+def _job_overrides(out: Path, policy_dir: str, prompts_file: str, *more: str) -> list[str]:
+    return [
+        f"output_dir={out}",
+        f"model={policy_dir}",
+        f"dataset.source={prompts_file}",
+        "trainer.num_generations=2",
+        "trainer.prompts_per_step=2",
+        "trainer.max_completion_length=8",
+        "wandb.mode=disabled",
+        _ENGINE,
+        *more,
+    ]
+
+
+@pytest.mark.slow
+def test_two_sharded_ranks_and_an_actor_train_checkpoint_and_resume(
+    tmp_path, policy_dir, prompts_file
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from trainers.job import run_job
+    from trainers.job.config_loading import load_config
+
+    out = tmp_path / "run"
+    first = run_job(
+        load_config(
+            None,
+            _job_overrides(
+                out,
+                policy_dir,
+                prompts_file,
+                "trainer.num_processes=2",
+                "trainer.max_steps=2",
+                "trainer.save_steps=2",
+            ),
+        )  # fmt: skip
+    )
+    assert first["steps"] == 2 and first["trainer_processes"] == 2
+    assert first["weight_syncs"] >= 2, "the cold sync and the step's"
+    parity = [d for d in first["logprob_max_abs_diff"] if d is not None]
+    assert parity and max(parity) < 1e-4, "the actor holds the gathered shards' weights"
+    assert first["weight_sync_bytes"] > 0
+    checkpoint = out / "checkpoint-2"
+    assert any(p.name.startswith("pytorch_model_fsdp") for p in checkpoint.iterdir()), (
+        "each rank wrote its shard of the model"
+    )
+    assert (checkpoint / "checkpoint_complete.json").is_file()
+    final = AutoModelForCausalLM.from_pretrained(out / "final_model")
+    assert sum(p.numel() for p in final.parameters()) > 0, "the gathered final model loads"
+
+    resumed = run_job(
+        load_config(
+            None,
+            _job_overrides(
+                out,
+                policy_dir,
+                prompts_file,
+                "trainer.num_processes=2",
+                "trainer.max_steps=3",
+                "trainer.save_steps=0",
+                "trainer.resume_from_checkpoint=latest",
+            ),
+        )  # fmt: skip
+    )
+    assert resumed["steps"] == 3 and resumed["resumed_from"].endswith("checkpoint-2")
+
+
+# ---- one sharded step against one process, on the same batch ---------------------------------
+
+
+class _FixedSamples:
+    """A rollout worker (TRL's protocol) that serves the same samples to every run."""
+
+    def __init__(self, samples) -> None:
+        self.rollout_buffer: queue.Queue = queue.Queue()
+        self.metrics_queue: queue.Queue = queue.Queue()
+        for s in samples:
+            self.rollout_buffer.put(s)
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def update_model_version(self, version: int) -> None:
+        pass
+
+    def check_health(self, stale_after_s: float) -> None:
+        pass
+
+
+class _GatheringTransfer:
+    """Takes every (gathered) tensor rank 0 is handed, as a pool would, without a pool."""
+
+    history: list = []
+
+    def init_weight_transfer(self) -> None:
+        pass
+
+    def pause(self) -> None:
+        pass
+
+    def send_weights(self, iterator, specs=None, device=None) -> None:
+        for _ in iterator:
+            pass
+
+    def resume(self) -> None:
+        pass
+
+    def destroy(self) -> None:
+        pass
+
+
+def _fixed_samples(vocab: int, groups: int = 6, per_group: int = 2):
+    import random
+
+    from trainers.trl_adapter.streaming import rollout_sample
+
+    rng = random.Random(0)
+    samples = []
+    for g in range(groups):
+        prompt = [rng.randrange(3, vocab) for _ in range(6)]
+        for i in range(per_group):
+            completion = [rng.randrange(3, vocab) for _ in range(5 + i)]
+            advantage = 1.0 if i == 0 else -1.0
+            samples.append(
+                rollout_sample(
+                    "p", "c", prompt, completion, [-2.0] * len(completion), advantage, 0, g, {}
+                )
+            )
+    return samples
+
+
+def one_step(rank: int, world: int, port: int, policy_dir: str, out: str) -> None:
+    """One optimizer step of the streaming trainer on `_fixed_samples`, in `world` ranks; rank 0
+    writes the step's loss and the updated weights' checksum."""
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WANDB_MODE="disabled",
+    )  # fmt: skip
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from trainers.trl_adapter.args import trl_config  # noqa: F401 - the adapter's import order
+    from trainers.trl_adapter.sharded import fsdp_args
+    from trainers.trl_adapter.streaming import build_async_trainer
+
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    args = dict(
+        output_dir=out, max_steps=1, learning_rate=1e-2, per_device_train_batch_size=1,
+        gradient_accumulation_steps=1, num_generations=2, max_completion_length=8,
+        temperature=1.0, logging_steps=1, report_to=[], save_strategy="no", use_cpu=True,
+        max_staleness=4, weight_sync_steps=1, token_budget=4096, dtype="float32", seed=0,
+    )  # fmt: skip
+    if world > 1:
+        args |= fsdp_args()
+    vocab = tokenizer.vocab_size
+    trainer = build_async_trainer(
+        policy_dir, tokenizer, Dataset.from_dict({"prompt": ["p"] * 4}), [],
+        _FixedSamples(_fixed_samples(vocab)), _GatheringTransfer(), args,
+    )  # fmt: skip
+    trainer.train()
+    loss = next(e["loss"] for e in trainer.state.log_history if "loss" in e)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    total = 0.0
+    for _, p in sorted(model.named_parameters()):
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        total += float(full.double().abs().sum())
+    if rank == 0:
+        Path(out, "result.json").write_text(json.dumps({"loss": loss, "weights": total}))
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def _run_ranks(world: int, policy_dir: str, out: Path) -> dict:
+    from rollout.weight_sync.group import free_port
+
+    out.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    code = (
+        "import sys; sys.path[:0] = [{root!r}, {tests!r}];"
+        "from tests.integration.test_trainer_ranks import one_step;"
+        "one_step({rank}, {world}, {port}, {policy!r}, {out!r})"
+    )
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                code.format(
+                    root=str(ROOT),
+                    tests=str(ROOT / "tests"),
+                    rank=r,
+                    world=world,
+                    port=port,
+                    policy=policy_dir,
+                    out=str(out),
+                ),
+            ],  # fmt: skip
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(world)
+    ]
+    try:
+        logs = [p.communicate(timeout=600)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    return json.loads((out / "result.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_sharded_step_equals_one_process_on_the_same_batch(tmp_path, policy_dir) -> None:
+    single = _run_ranks(1, policy_dir, tmp_path / "one")
+    sharded = _run_ranks(2, policy_dir, tmp_path / "two")
+    assert sharded["loss"] == pytest.approx(single["loss"], rel=1e-4, abs=1e-5)
+    assert sharded["weights"] == pytest.approx(single["weights"], rel=1e-5), (
+        "the same update: the ranks' gradients add up to the one process's"
+    )
+
+
+# ---- a rank that dies ends the run ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_killed_rank_ends_the_job_with_its_error_and_leaves_nothing(
+    tmp_path, policy_dir, prompts_file
+) -> None:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    env.pop("RAY_ADDRESS", None)
+    args = _job_overrides(
+        tmp_path / "run", policy_dir, prompts_file,
+        "trainer.num_processes=2", "trainer.max_steps=500", "trainer.save_steps=0",
+    )  # fmt: skip
+    job = subprocess.Popen(
+        [sys.executable, "scripts/train_grpo.py", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 600
+        for line in job.stdout:
+            lines.append(line)
+            if line.startswith("step ") or "step 1/" in line:
+                break
+            assert time.monotonic() < deadline, "".join(lines[-40:])
+        ranks = _processes("ray::TrainerRank")
+        assert len(ranks) == 2, (ranks, "".join(lines[-40:]))
+        os.kill(ranks[-1], 9)
+        killed_at = time.monotonic()
+        rest, _ = job.communicate(timeout=180)
+        took = time.monotonic() - killed_at
+    finally:
+        job.kill()
+    text = "".join(lines) + rest
+    assert job.returncode == 1, text[-3000:]
+    assert "error: trainer rank" in text and "died" in text, text[-3000:]
+    assert took < 120, f"the job took {took:.0f} s to end after the rank died"
+    for _ in range(30):  # Ray's processes of the job's session end with it
+        if not _processes("ray::"):
+            break
+        time.sleep(1)
+    assert not _processes("ray::TrainerRank") and not _processes("ray::RolloutWorker")
+
+
+def _processes(title: str) -> list[int]:
+    done = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True)
+    return [
+        int(line.split()[0]) for line in done.stdout.splitlines() if title in line.split(None, 1)[1]
+    ]
