@@ -2,6 +2,7 @@
 
     worker.py            RolloutWorker: one engine on its own thread (a Ray actor at spawn)
     weight_receiver.py   the worker's side of a sync: group, version, torn state, parity probe
+    adapter_merge.py     a LoRA adapter merged into a snapshot of the base weights
     groups_in_flight.py  the worker's groups, and the one builder of each FinishedSample
     pool.py              RolloutPool: groups to the least-loaded actor, samples back, failover
     pool_weights.py      the pool's side of a sync: one group of the trainer and live actors

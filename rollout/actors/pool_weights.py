@@ -7,11 +7,13 @@ This is where a sync meets Ray (the actors' join and receive calls, their deaths
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
 import torch
 
+from rollout.weight_sync.adapter_manifest import AdapterManifest
 from rollout.weight_sync.group import WeightGroup, free_port
 from rollout.weight_sync.manifest import WeightManifest
 from rollout.weight_sync.transfer import send_weights
@@ -36,19 +38,58 @@ class ActorWeightSync:
         self,
         live: dict[int, Any],
         manifest: WeightManifest,
-        named: list[tuple[str, torch.Tensor]],
+        named: Iterable[tuple[str, torch.Tensor]],
+        version: int,
+        backend: str,
+        device: torch.device | None = None,
+        lazy: bool = False,
+    ) -> int:
+        """Send the trainer's tensors to every actor in `live` (they copy them in at a step
+        boundary and take `version`); returns bytes sent. `lazy`: `named` is an iterator
+        consumed bucket by bucket (see transfer.send_weights), its staging buffers on `device`."""
+        if device is None:
+            device = named[0][1].device
+        return self._run(
+            live,
+            backend,
+            receive=lambda actor: actor.receive_weights.remote(manifest, version),
+            transmit=lambda group: send_weights(group, manifest, named, device, lazy=lazy),
+        )
+
+    def send_adapter(
+        self,
+        live: dict[int, Any],
+        manifest: AdapterManifest,
+        factors: list[tuple[str, torch.Tensor]],
         version: int,
         backend: str,
     ) -> int:
-        """Send the trainer's tensors to every actor in `live` (they copy them in at a step
-        boundary and take `version`); returns bytes sent."""
+        """Send a LoRA adapter's factors to every actor in `live` (each merges them into its
+        base weights at a step boundary and takes `version`); returns bytes sent."""
+        device = factors[0][1].device
+        return self._run(
+            live,
+            backend,
+            receive=lambda actor: actor.receive_adapter.remote(manifest, version),
+            transmit=lambda group: send_weights(group, manifest.factors, factors, device),
+        )
+
+    def _run(
+        self,
+        live: dict[int, Any],
+        backend: str,
+        receive: Callable[[Any], Any],
+        transmit: Callable[[WeightGroup], int],
+    ) -> int:
+        """Start every actor's `receive`, then `transmit` as rank 0 of their group; raises
+        ActorsLostDuringSync if any actor died, else the first error on either side."""
         if self._members != (tuple(live), backend):
             self._group = self._join(live, backend)
             self._members = (tuple(live), backend)
-        receives = {i: a.receive_weights.remote(manifest, version) for i, a in live.items()}
+        receives = {i: receive(a) for i, a in live.items()}
         sent, failure = 0, None
         try:
-            sent = send_weights(self._group, manifest, named, named[0][1].device)
+            sent = transmit(self._group)
         except Exception as err:  # noqa: BLE001 - raised below, once every actor has answered
             failure = err
             self._drop_group()  # members still waiting on this rank fail now, not at the timeout

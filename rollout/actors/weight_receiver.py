@@ -1,6 +1,9 @@
 """A rollout worker's side of weight sync: its membership of the trainer's process group, the
 weight version its engine holds, whether a broken transfer left it torn, and the parity probe.
 
+Two kinds of sync come in: full weights, copied into the parameters, and a LoRA adapter's
+factors, received into buffers of their own and merged into the base weights (adapter_merge.py).
+
 Its methods that touch the engine run on the worker's loop thread, between steps (the worker
 hands them over); `raise_if_torn` and `version` may be read from any thread.
 """
@@ -8,16 +11,19 @@ hands them over); `raise_if_torn` and `version` may be read from any thread.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import torch
 
+from rollout.actors.adapter_merge import AdapterMerge
 from rollout.engine.llm_engine import LLMEngine
 from rollout.engine.sampling_params import SamplingParams
 from rollout.engine.scheduling.sequence import Completion
+from rollout.weight_sync.adapter_manifest import ADAPTER_DTYPE, AdapterManifest, check_adapter
 from rollout.weight_sync.group import WeightGroup
 from rollout.weight_sync.manifest import WeightManifest, check_manifest
-from rollout.weight_sync.transfer import TornWeightsError, receive_weights
+from rollout.weight_sync.transfer import TornWeightsError, receive_into, receive_weights
 
 
 class WeightReceiver:
@@ -31,6 +37,8 @@ class WeightReceiver:
         (and makes no sample with such weights) until a sync succeeds."""
         self.group: WeightGroup | None = None
         """This engine's end of the trainer's weight-sync group (None: not joined)."""
+        self.adapter = AdapterMerge()
+        """The base weights a LoRA adapter is merged into (empty until the first adapter sync)."""
         self._probes: dict[str, Future] = {}
 
     def join(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
@@ -55,11 +63,58 @@ class WeightReceiver:
     def receive(self, manifest: WeightManifest, version: int) -> float:
         """Receive the trainer's broadcast into the engine (on the loop thread, between steps);
         returns the seconds it took."""
+
+        def copy_in(model: torch.nn.Module) -> None:
+            # Once any parameter is copied in, the adapter's snapshot is no longer the model's
+            # base: a later adapter merges into the new weights, and into torn ones never. A
+            # transfer that broke before any copy leaves base and adapter as they were.
+            try:
+                receive_weights(self.group, manifest, model)
+            except TornWeightsError:
+                self.adapter.forget_base()
+                raise
+            self.adapter.forget_base()
+
+        return self._apply(copy_in, version)
+
+    def check_adapter(self, manifest: AdapterManifest) -> None:
+        """Raise (naming the modules) if an adapter sync with this manifest would not fit."""
+        check_adapter(self.engine.model, manifest)
+        self.adapter.check(manifest)
+        if self.torn and not self.adapter.base:
+            raise RuntimeError(
+                f"rollout worker {self.worker_id}: a full weight sync broke part-way, so there "
+                "is no base to merge an adapter into; sync the full weights again first"
+            )
+
+    def receive_adapter(self, manifest: AdapterManifest, version: int) -> float:
+        """Receive a LoRA adapter's factors and merge them into the engine's weights (on the
+        loop thread, between steps); returns the seconds it took."""
+
+        def receive_and_merge(model: torch.nn.Module) -> None:
+            self.check_adapter(manifest)  # the pool checked; a direct caller may not have
+            factors = {
+                name: torch.empty(shape, dtype=ADAPTER_DTYPE, device=self.engine.device)
+                for name, shape in zip(manifest.factors.names, manifest.factors.shapes, strict=True)
+            }
+            try:
+                receive_into(self.group, manifest.factors, factors)
+            except TornWeightsError as err:  # only our buffers are torn: the model is untouched
+                raise RuntimeError(
+                    f"the adapter transfer broke; the rollout weights are unchanged: {err}"
+                ) from err
+            self.adapter.merge(model, manifest, factors)
+
+        return self._apply(receive_and_merge, version)
+
+    def _apply(self, update: Callable[[torch.nn.Module], None], version: int) -> float:
+        """Run `update(model)` through the engine's update_weights and take `version`, or mark
+        the engine torn if it broke part-way."""
         if self.group is None:
             raise RuntimeError("join_weight_group() first")
         start = time.perf_counter()
         try:
-            self.engine.update_weights(lambda model: receive_weights(self.group, manifest, model))
+            self.engine.update_weights(update)
         except BaseException as err:
             # Torn by this transfer, or still torn by an earlier one.
             self.torn = self.torn or isinstance(err, TornWeightsError)

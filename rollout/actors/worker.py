@@ -29,6 +29,7 @@ from rollout.engine.config import EngineConfig
 from rollout.engine.llm_engine import LLMEngine
 from rollout.engine.scheduling.sequence import Completion
 from rollout.environments.episodes import EpisodeRunner
+from rollout.weight_sync.adapter_manifest import AdapterManifest
 from rollout.weight_sync.manifest import WeightManifest
 
 
@@ -122,6 +123,15 @@ class RolloutWorker:
     def receive_weights(self, manifest: WeightManifest, version: int) -> float:
         """Receive a broadcast of new weights at a step boundary; returns seconds spent."""
         return self.run_between_steps(lambda: self.weights.receive(manifest, version))
+
+    def check_adapter(self, manifest: AdapterManifest) -> None:
+        """Raise (naming the modules) if a LoRA adapter sync with this manifest would not fit."""
+        self.weights.check_adapter(manifest)
+
+    def receive_adapter(self, manifest: AdapterManifest, version: int) -> float:
+        """Receive a LoRA adapter and merge it into the base weights at a step boundary;
+        returns seconds spent."""
+        return self.run_between_steps(lambda: self.weights.receive_adapter(manifest, version))
 
     def probe(self, prompt_token_ids: list[int], max_tokens: int = 16, seed: int = 0) -> dict:
         """Sample one completion (temperature 1) through the engine, among the running requests,

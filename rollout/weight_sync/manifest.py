@@ -50,10 +50,22 @@ class WeightManifest:
 def manifest_for(
     named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype, bucket_bytes: int
 ) -> WeightManifest:
+    specs = [(name, tuple(tensor.shape)) for name, tensor in named_tensors]
+    return manifest_from_specs(specs, dtype, bucket_bytes)
+
+
+def manifest_from_specs(
+    specs: Iterable[tuple[str, Iterable[int]]], dtype: torch.dtype, bucket_bytes: int
+) -> WeightManifest:
+    """The manifest of tensors known only by (name, shape), in the order they will be sent: a
+    sharded trainer describes its full tensors before it gathers any."""
     names, shapes = [], []
-    for name, tensor in named_tensors:
+    for name, shape in specs:
         names.append(name)
-        shapes.append(tuple(tensor.shape))
+        shapes.append(tuple(int(d) for d in shape))
+    if len(set(names)) != len(names):
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"weight sync: names listed twice: {repeated[:8]}")
     dtype_name = next(k for k, v in TORCH_DTYPES.items() if v == dtype)
     return WeightManifest(tuple(names), tuple(shapes), dtype_name, bucket_bytes)
 

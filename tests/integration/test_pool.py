@@ -255,12 +255,12 @@ def test_an_actor_that_dies_during_a_sync_is_dropped_and_the_sync_completes(
         ids = {pool.submit(p, SamplingParams(max_tokens=40, n=2, ignore_eos=True)) for p in prompts}
         real_send, world_sizes = pool_weights.send_weights, []
 
-        def send_as_an_actor_dies(group, *args):
+        def send_as_an_actor_dies(group, *args, **kwargs):
             if not world_sizes:
                 ray.kill(pool.actors[1], no_restart=True)
                 _wait_until_dead(pool.actors[1])
             world_sizes.append(group.world_size)
-            return real_send(group, *args)
+            return real_send(group, *args, **kwargs)
 
         monkeypatch.setattr(pool_weights, "send_weights", send_as_an_actor_dies)
         result = pool.sync_weights(trainer.named_parameters(), version=2)

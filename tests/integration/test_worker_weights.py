@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollout import EngineConfig, SamplingParams
+from rollout import SamplingParams
 from rollout.actors.messages import GroupRequest
-from rollout.actors.worker import RolloutWorker
 from rollout.weight_sync import TornWeightsError, manifest_for, send_weights
 from tests.conftest import random_prompts, tiny_model
 
@@ -36,19 +35,6 @@ class _ReplayGroup:
 
     def close(self) -> None:
         pass
-
-
-@pytest.fixture
-def worker(tmp_path):
-    path = tmp_path / "tiny-llama"
-    tiny_model("llama", seed=4).save_pretrained(path)
-    config = EngineConfig(
-        model=str(path), device="cpu", dtype="float32", max_model_len=128, block_size=8,
-        max_num_seqs=8, num_kv_blocks=32,
-    )  # fmt: skip
-    worker = RolloutWorker(config)
-    yield worker
-    worker.shutdown()
 
 
 def test_a_sync_that_breaks_part_way_holds_the_engine_until_a_full_sync(worker) -> None:
