@@ -134,7 +134,7 @@ class _GatheringTransfer:
         pass
 
 
-def _fixed_samples(vocab: int, groups: int = 6, per_group: int = 2):
+def _fixed_samples(vocab: int, groups: int = 12, per_group: int = 1):
     import random
 
     from trainers.trl_adapter.streaming import rollout_sample
@@ -144,8 +144,8 @@ def _fixed_samples(vocab: int, groups: int = 6, per_group: int = 2):
     for g in range(groups):
         prompt = [rng.randrange(3, vocab) for _ in range(6)]
         for i in range(per_group):
-            completion = [rng.randrange(3, vocab) for _ in range(5 + i)]
-            advantage = 1.0 if i == 0 else -1.0
+            completion = [rng.randrange(3, vocab) for _ in range(5)]
+            advantage = 1.0 if g % 2 else -1.0
             samples.append(
                 rollout_sample(
                     "p", "c", prompt, completion, [-2.0] * len(completion), advantage, 0, g, {}
@@ -156,7 +156,9 @@ def _fixed_samples(vocab: int, groups: int = 6, per_group: int = 2):
 
 def one_step(rank: int, world: int, port: int, policy_dir: str, out: str) -> None:
     """One optimizer step of the streaming trainer on `_fixed_samples`, in `world` ranks; rank 0
-    writes the step's loss and the updated weights' checksum."""
+    writes the step's loss and the updated weights' checksum. A sample is 11 tokens and a row
+    holds 22: the step's four samples are two rows, two forwards of one process or one forward
+    on each of two ranks (the samples after them let the loader close and look ahead)."""
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WANDB_MODE="disabled",
@@ -170,11 +172,12 @@ def one_step(rank: int, world: int, port: int, policy_dir: str, out: str) -> Non
     from trainers.trl_adapter.streaming import build_async_trainer
 
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    before = _checksum(__import__("transformers").AutoModelForCausalLM.from_pretrained(policy_dir))
     args = dict(
-        output_dir=out, max_steps=1, learning_rate=1e-2, per_device_train_batch_size=1,
-        gradient_accumulation_steps=1, num_generations=2, max_completion_length=8,
+        output_dir=out, max_steps=1, learning_rate=1e-1, optim="sgd", per_device_train_batch_size=1,
+        gradient_accumulation_steps=2 // world, num_generations=2, max_completion_length=8,
         temperature=1.0, logging_steps=1, report_to=[], save_strategy="no", use_cpu=True,
-        max_staleness=4, weight_sync_steps=1, token_budget=4096, dtype="float32", seed=0,
+        max_staleness=4, weight_sync_steps=1, token_budget=22, dtype="float32", seed=0,
     )  # fmt: skip
     if world > 1:
         args |= fsdp_args()
@@ -185,15 +188,22 @@ def one_step(rank: int, world: int, port: int, policy_dir: str, out: str) -> Non
     )  # fmt: skip
     trainer.train()
     loss = next(e["loss"] for e in trainer.state.log_history if "loss" in e)
-    model = trainer.accelerator.unwrap_model(trainer.model)
+    total = _checksum(trainer.accelerator.unwrap_model(trainer.model))
+    if rank == 0:
+        result = {"loss": loss, "weights": total, "before": before}
+        result["groups"] = sorted(trainer._trained_groups)
+        Path(out, "result.json").write_text(json.dumps(result))
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def _checksum(model) -> float:
+    """Sum of |w| over the whole model (each shard gathered: a collective on every rank)."""
     total = 0.0
     for _, p in sorted(model.named_parameters()):
         full = p.full_tensor() if hasattr(p, "full_tensor") else p
-        total += float(full.double().abs().sum())
-    if rank == 0:
-        Path(out, "result.json").write_text(json.dumps({"loss": loss, "weights": total}))
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+        total += float(full.detach().double().abs().sum())
+    return total
 
 
 def _run_ranks(world: int, policy_dir: str, out: Path) -> dict:
@@ -229,7 +239,7 @@ def _run_ranks(world: int, policy_dir: str, out: Path) -> dict:
         for r in range(world)
     ]
     try:
-        logs = [p.communicate(timeout=600)[0] for p in procs]
+        logs = [p.communicate(timeout=240)[0] for p in procs]
     finally:
         for p in procs:
             p.kill()
@@ -241,10 +251,13 @@ def _run_ranks(world: int, policy_dir: str, out: Path) -> dict:
 def test_a_sharded_step_equals_one_process_on_the_same_batch(tmp_path, policy_dir) -> None:
     single = _run_ranks(1, policy_dir, tmp_path / "one")
     sharded = _run_ranks(2, policy_dir, tmp_path / "two")
-    assert sharded["loss"] == pytest.approx(single["loss"], rel=1e-4, abs=1e-5)
-    assert sharded["weights"] == pytest.approx(single["weights"], rel=1e-5), (
-        "the same update: the ranks' gradients add up to the one process's"
+    # TRL marks a sample trained when it is packed, so the loader's look-ahead rows count too.
+    assert set(range(4)) <= set(sharded["groups"]) and set(range(4)) <= set(single["groups"])
+    assert sharded["loss"] == pytest.approx(single["loss"], rel=1e-3)
+    assert sharded["weights"] == pytest.approx(single["weights"], rel=1e-6), (
+        "the same SGD update: the ranks' gradients add up to the one process's"
     )
+    assert sharded["weights"] != pytest.approx(single["before"], rel=1e-7), "the step moved them"
 
 
 # ---- a rank that dies ends the run ------------------------------------------------------------
