@@ -127,8 +127,19 @@ class Placement:
 
 
 def this_machine(num_gpus: int, cpus: float | None = None) -> Node:
-    """The one node of a Ray the job starts here."""
-    return Node("local", "this machine", float(cpus or os.cpu_count() or 1), num_gpus, True)
+    """The one node of a Ray the job starts here. Its CPUs are unbounded unless given: Ray's
+    CPUs are only counts, and a Ray started here is given as many as the layout asks for
+    (`local_ray_cpus`), so two CPU ranks and an actor run on a 2-core laptop, slowly."""
+    return Node("local", "this machine", float(cpus or "inf"), num_gpus, True)
+
+
+def local_ray_cpus(placement: Placement) -> int:
+    """CPUs for a Ray started here: the machine's, or what the layout's Ray seats ask for."""
+    import math
+
+    seats = (*(() if placement.trainer_in_driver else placement.ranks), *placement.actors)
+    need = sum(max(s.cpus, _MIN_BUNDLE_CPU) for s in seats)
+    return max(os.cpu_count() or 1, math.ceil(need))
 
 
 def cluster_nodes(ray) -> list[Node]:

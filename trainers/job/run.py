@@ -25,6 +25,7 @@ from trainers.job.placement import (
     Placement,
     PlacementError,
     cluster_nodes,
+    local_ray_cpus,
     placement_group_for,
     plan_placement,
     ray_sees,
@@ -76,6 +77,10 @@ def run_job(config: JobConfig) -> dict:
             return run_on_ranks(run, group, seats, stop, env)
         finally:
             ray.util.remove_placement_group(group)
+
+
+def _local_ray_kwargs(placement: Placement) -> dict:
+    return {"num_cpus": local_ray_cpus(placement), **placement.ray_init_kwargs}
 
 
 def _seat(group, seats: dict, actor: int):
@@ -158,7 +163,7 @@ def ray_session(config: JobConfig, start_local: bool = True) -> Iterator[Placeme
                 include_dashboard=False,
                 log_to_driver=False,
                 configure_logging=False,
-                **({} if joining else placement.ray_init_kwargs),
+                **({} if joining else _local_ray_kwargs(placement)),
             )
     # A session of our own ends with the job even if the job is killed outright.
     reaper = None if joining else start_session_reaper(local_session_name())

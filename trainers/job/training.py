@@ -165,18 +165,30 @@ def attach_callbacks(built, pool, config: JobConfig, stop, world: int = 1):
 def save_final_model(trainer, inputs, out: Path, config: JobConfig) -> Path:
     """The trained model and its tokenizer, in Hugging Face format, at <output_dir>/final_model:
     loadable by transformers and by LLMEngine(EngineConfig(model=...)). Sharded: gathered whole
-    (every rank takes part; rank 0 writes). LoRA: the adapter in final_model/adapter, and the
-    base model with it merged in final_model/."""
+    onto rank 0's CPU (every rank takes part), which writes it. LoRA: the adapter in
+    final_model/adapter, and the base model with it merged in final_model/."""
     folder = out / "final_model"
-    if getattr(trainer, "is_fsdp_enabled", False):
-        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
     lora = config.trainer.lora
-    trainer.save_model(str(folder / "adapter" if lora is not None else folder))
-    if trainer.accelerator.is_main_process:
+    target = folder / "adapter" if lora is not None else folder
+    main = trainer.accelerator.is_main_process
+    if getattr(trainer, "is_fsdp_enabled", False):
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(model, options=options)  # a collective on every rank
+        if main:
+            model.save_pretrained(str(target), state_dict=state)
+    else:
+        trainer.save_model(str(target))
+    if main:
         if lora is not None:
             from trainers.trl_adapter.lora import save_merged_model
 
-            save_merged_model(folder / "adapter", inputs.model_path, folder, config.trainer.dtype)
+            save_merged_model(target, inputs.model_path, folder, config.trainer.dtype)
         inputs.tokenizer.save_pretrained(str(folder))
     trainer.accelerator.wait_for_everyone()
     return folder
