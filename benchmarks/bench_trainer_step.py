@@ -107,18 +107,20 @@ class NoWeightSync:
 
     def init_weight_transfer(self) -> None: ...
     def pause(self) -> None: ...
-    def send_weights(self, iterator) -> None: ...
+    def send_weights(self, iterator, specs=None, device=None) -> None: ...
+    def send_adapter(self, adapter) -> None: ...
     def resume(self) -> None: ...
     def destroy(self) -> None: ...
 
 
-def run(config, out: Path) -> dict:
+def run(config, out: Path, fsdp: bool = False) -> dict:
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
     from trainers.task.datasets import load_prompt_dataset
     from trainers.task.rewards import get_reward_functions
     from trainers.trl_adapter.args import trl_args
+    from trainers.trl_adapter.lora import peft_config_for
     from trainers.trl_adapter.rollout_logging import step_time_split
     from trainers.trl_adapter.streaming import build_async_trainer, streaming_trl_args
 
@@ -127,9 +129,20 @@ def run(config, out: Path) -> dict:
     worker = ReadyRollouts(config, min(vocab, len(tokenizer)))
     args = trl_args(config, out, on_cpu=not torch.cuda.is_available())
     args.update(streaming_trl_args(config), report_to=[])
+    if fsdp:  # one rank under FSDP2: what the wrapper costs against the plain trainer
+        from rollout.weight_sync.group import free_port
+        from trainers.trl_adapter.sharded import fsdp_args
+
+        os.environ.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+        )  # fmt: skip
+        args |= fsdp_args()
+    lora = config.trainer.lora
     trainer = build_async_trainer(
         config.model, tokenizer, load_prompt_dataset("arithmetic", 64, 0),
         get_reward_functions(list(config.rewards)), worker, NoWeightSync(), args,
+        peft_config=peft_config_for(lora) if lora is not None else None,
     )  # fmt: skip
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
@@ -170,6 +183,9 @@ def main(argv: list[str] | None = None) -> None:
         help="--smoke: a tokenizer folder (default: $TOKENIZER, else the built-in model's)",
     )
     parser.add_argument("--json-out")
+    parser.add_argument(
+        "--fsdp", action="store_true", help="the trainer as one FSDP2 rank (the wrapper's cost)"
+    )
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, as for train_grpo.py")
     args = parser.parse_args(argv)
 
@@ -196,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     if config.model == "smollm2":
         parser.error("give a model folder: model=PATH (benchmarks/make_random_model.py makes one)")
 
-    result = run(config, tmp / "run")
+    result = run(config, tmp / "run", fsdp=args.fsdp)
     print(f"[trainer-step] {json.dumps(result)}", flush=True)
     report = {
         "commit": commit_id(),

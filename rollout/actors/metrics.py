@@ -6,6 +6,8 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
+import torch
+
 if TYPE_CHECKING:
     from rollout.actors.messages import FinishedSample
     from rollout.engine.llm_engine import LLMEngine
@@ -68,6 +70,8 @@ class WorkerMetrics:
         }
         if self.engine.device.type == "cuda":  # device time over host step time
             values["gpu_busy"] = min(1.0, device_s / host_s) if host_s else 0.0
+            # What this process holds on its GPU: weights, KV cache, a LoRA base snapshot.
+            values["gpu_memory_gib"] = torch.cuda.memory_reserved(self.engine.device) / 2**30
         if self.engine.config.speculative != "none":
             values.update(self._speculation_since_last(stats.speculation))
         return values

@@ -56,6 +56,10 @@ def job_summary(
         "trainer_peak_memory_gib": (
             torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
         ),
+        "actor_gpu_memory_gib": max(
+            (s["gpu_memory_gib"] for s in actor_stats.values() if "gpu_memory_gib" in s),
+            default=None,
+        ),
         "error_samples": built.error_samples,
         "wandb_dir": str(out / "wandb"),
         "mode": config.trainer.mode,

@@ -30,6 +30,7 @@ class TrainerRank:
 
         self.rank, self.world = rank, world
         self.stop = GracefulStop()
+        self.console = ConsoleLines()
 
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0's address and a free port on its node: where the process group meets."""
@@ -54,7 +55,14 @@ class TrainerRank:
         from rollout.process_env import set_process_env_defaults
 
         set_process_env_defaults()
+        if self.rank == 0:  # its step lines go to the job's console (see console_lines)
+            sys.stdout = self.console.tee(sys.stdout)
         return train_process(run, self.stop, self.rank, self.world)
+
+    def console_lines(self) -> list[str]:
+        """Rank 0's console lines (one per step, the job's notices) printed since the last call:
+        Ray does not bring an actor's output to the job's console."""
+        return self.console.take()
 
     def request_stop(self, reason: str) -> None:
         self.stop.request(reason)
@@ -81,7 +89,7 @@ def run_on_ranks(
             rank_class.options(
                 num_gpus=seat.gpu_share if seat.gpu is not None else 0,
                 num_cpus=seat.cpus,
-                max_concurrency=2,  # request_stop arrives while run() trains
+                max_concurrency=3,  # request_stop and console_lines arrive while run() trains
                 scheduling_strategy=scheduling(group, seat_bundles[("trainer", seat.index)]),
                 name=None,
             ).remote(seat.index, world)
@@ -95,6 +103,7 @@ def run_on_ranks(
         summary, told = None, False
         while running:
             done, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
+            _print_console(ranks[0])
             if stop.requested is not None and not told:
                 for r in ranks:
                     r.request_stop.remote(stop.requested)
@@ -118,6 +127,50 @@ def run_on_ranks(
         for r in ranks:
             ray.kill(r, no_restart=True)
         time.sleep(0)  # the kills are sent; the placement group goes with the job's Ray
+
+
+class ConsoleLines:
+    """The lines of a rank's output that belong on the job's console: its step lines and the
+    job's notices ("[step ...", "[train_grpo] ...")."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+        self._partial = ""
+
+    def tee(self, stream):
+        console = self
+
+        class Tee:
+            def write(self, text: str) -> int:
+                console._add(text)
+                return stream.write(text)
+
+            def __getattr__(self, name):
+                return getattr(stream, name)
+
+        return Tee()
+
+    def _add(self, text: str) -> None:
+        self._partial += text
+        *whole, self._partial = self._partial.split("\n")
+        self._lines += [
+            line for line in whole if line.lstrip().startswith(("[step", "[train_grpo]"))
+        ]
+
+    def take(self) -> list[str]:
+        lines, self._lines = self._lines, []
+        return lines
+
+
+def _print_console(rank) -> None:
+    import ray
+
+    try:
+        lines = ray.get(rank.console_lines.remote(), timeout=10)
+    except Exception:  # noqa: BLE001 - a rank that died is reported by the wait loop
+        return
+    for line in lines:
+        print(line, flush=True)
 
 
 def _cause(err: BaseException) -> BaseException:
