@@ -64,11 +64,13 @@ def test_ranks_spread_over_nodes_only_when_no_node_holds_them() -> None:
     assert p.num_actors == 2
 
 
-def test_colocated_puts_an_actor_beside_every_rank() -> None:
-    p = plan_placement(RolloutConfig(layout="colocated"), 4, _nodes(4), joining=True)
-    assert p.weight_sync_backend == "cuda_ipc" and p.num_actors == 4
+def test_colocated_puts_an_actor_beside_the_rank() -> None:
+    p = plan_placement(RolloutConfig(layout="colocated"), 1, _nodes(4), joining=True)
+    assert p.weight_sync_backend == "cuda_ipc" and p.num_actors == 1
     assert [(s.node, s.gpu) for s in p.ranks] == [(s.node, s.gpu) for s in p.actors]
     assert all(s.gpu_share == 0.5 for s in (*p.ranks, *p.actors))
+    with pytest.raises(PlacementError, match="use rollout.layout=split"):
+        plan_placement(RolloutConfig(layout="colocated"), 4, _nodes(4), joining=True)
 
 
 def test_layouts_the_cluster_cannot_hold_are_one_line_errors() -> None:
@@ -77,7 +79,7 @@ def test_layouts_the_cluster_cannot_hold_are_one_line_errors() -> None:
         (RolloutConfig(), 2, _nodes(2), "needs at least one more for an actor"),
         (RolloutConfig(num_actors=5), 1, _nodes(4), "rollout.num_actors=5"),
         (RolloutConfig(layout="shared"), 2, _nodes(2), "rollout.layout=shared"),
-        (RolloutConfig(layout="colocated", num_actors=1), 2, _nodes(2), "must be 0 or 2"),
+        (RolloutConfig(layout="colocated", num_actors=2), 1, _nodes(2), "must be 0 or 1"),
         (RolloutConfig(num_actors=4), 2, _nodes(0, cpus=3), "room for 1 beside the trainer"),
         (RolloutConfig(), 4, _nodes(0, 0, cpus=2), "needs 4 CPUs on one node"),
     ]

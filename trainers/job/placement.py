@@ -214,6 +214,12 @@ def _plan(rollout, num_processes: int, nodes: list[Node], joining: bool) -> Plac
         shared = _colocated(rollout, gpus[:1], in_driver)
         return dataclasses.replace(shared, layout="shared")
     if layout == "colocated":
+        if num_processes > 1:
+            raise PlacementError(
+                f"rollout.layout=colocated runs one trainer rank for now (each rank syncing the "
+                f"actor on its own GPU is not built yet); for trainer.num_processes="
+                f"{num_processes} use rollout.layout=split"
+            )
         actors = rollout.num_actors or num_processes
         if actors != num_processes:
             raise PlacementError(
