@@ -3,15 +3,14 @@ package (tested with trl==1.16.0, pinned in pyproject.toml).
 
 - builder.py         the job's trainer: picks the mode, builds what both modes share
 - streaming.py       streaming mode: AsyncGRPOTrainer fed by PoolRolloutWorker
+- sharded.py         streaming mode across ranks: FSDP2 through accelerate (CPU ranks too), and
+                     the sync from sharded parameters, gathered a whole bucket before its transfer
 - sync.py            sync mode: trl.GRPOTrainer with a rollout_func on the pool
 - args.py            the TRL arguments both modes share
-- weight_sync.py     the weights to the pool after a step; parity.py checks them
-- lora.py            PEFT's LoRA: its config, the adapters a sync sends, the merged final model
+- weight_sync.py     the weights (or a LoRA adapter) to the pool after a step; parity.py checks them
+- lora.py            PEFT's LoRA: its config, the adapter a sync sends, the merged final model
 - tree_attention.py  AsyncGRPOTrainer's packed-row attention without a Hub kernel
 - rollout_logging.py the rollout side in the trainer's logs, and the step time split
-
-LoRA's pieces (lora.py) are not wired into the trainers yet: that wiring belongs beside the
-trainer they train in (the trainer ranks that run it are placed by trainers.job).
 """
 
 from trainers.trl_adapter.builder import BuiltTrainer, JobInputs, build_trainer
