@@ -69,3 +69,44 @@ def test_ray_job_submit_runs_the_job(tmp_path) -> None:
         assert own.returncode == 0 and "own ray" in own.stdout, own.stdout + own.stderr[-3000:]
     finally:
         _run([RAY, "stop", "--force"], env, timeout=120)
+
+
+@pytest.mark.slow
+def test_two_ranks_and_two_actors_spread_over_a_two_node_cluster(
+    tmp_path, policy_dir, prompts_file
+) -> None:
+    """`ray start` twice on this machine: a head with one CPU (no room for the trainer's two
+    ranks) and a worker with three. `--plan` and the job both put the ranks on the worker and
+    the actors on both nodes."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    env.pop("RAY_ADDRESS", None)
+    address = "127.0.0.1:6391"
+    job = [
+        sys.executable, "scripts/train_grpo.py", f"ray_address={address}",
+        f"output_dir={tmp_path / 'run'}", f"model={policy_dir}", f"dataset.source={prompts_file}",
+        "trainer.num_processes=2", "rollout.num_actors=2", "trainer.max_steps=1",
+        "trainer.num_generations=2", "trainer.prompts_per_step=2",
+        "trainer.max_completion_length=8", "trainer.save_steps=0", "wandb.mode=disabled",
+        "rollout.engine={max_model_len: 64, max_num_seqs: 16, num_kv_blocks: 64, block_size: 8}",
+    ]  # fmt: skip
+    try:
+        for step in (
+            [RAY, "start", "--head", "--port=6391", "--num-cpus=1", "--num-gpus=0",
+             "--include-dashboard=false", "--disable-usage-stats"],
+            [RAY, "start", f"--address={address}", "--num-cpus=3", "--num-gpus=0"],
+        ):  # fmt: skip
+            done = _run(step, env, timeout=180)
+            assert done.returncode == 0, done.stdout + done.stderr
+        plan = _run([job[0], job[1], "--plan", *job[2:]], env, timeout=300)
+        assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr[-3000:]
+        seats = [line for line in plan.stdout.splitlines() if line.startswith("  ")]
+        assert len(seats) == 4 and plan.stdout.startswith("layout cpu"), plan.stdout
+        run = _run(job, env, timeout=900)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+        assert summary["steps"] == 1 and summary["trainer_processes"] == 2
+        ranks = {s["node_id"] for s in summary["placement"] if s["role"] == "trainer"}
+        actors = {s["node_id"] for s in summary["placement"] if s["role"] == "actor"}
+        assert len(ranks) == 1 and len(actors) == 2, summary["placement"]
+    finally:
+        _run([RAY, "stop", "--force"], env, timeout=120)

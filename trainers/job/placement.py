@@ -120,7 +120,13 @@ class Placement:
             "num_actors": self.num_actors,
             "weight_sync_backend": self.weight_sync_backend,
             "seats": [
-                {"role": s.role, "index": s.index, "node": s.node.address, "gpu": s.gpu}
+                {
+                    "role": s.role,
+                    "index": s.index,
+                    "node": s.node.address,
+                    "node_id": s.node.node_id,
+                    "gpu": s.gpu,
+                }
                 for s in (*self.ranks, *self.actors)
             ],
         }
