@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     from benchmarks.lib.workloads import WORKLOADS, write_model_config
     from rollout import EngineConfig
     from rollout.actors.pool import RolloutPool
-    from trainers.job.placement import ray_sees
+    from trainers.job.seats_on_ray import ray_sees
 
     name = "smoke" if args.smoke else args.workload
     if name not in WORKLOADS:

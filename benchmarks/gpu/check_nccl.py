@@ -110,7 +110,7 @@ def check_layout(name: str, gib: float, timeout_s: float, backend: str = "nccl")
 def check_ray_placement() -> str:
     import ray
 
-    from trainers.job.placement import ray_sees
+    from trainers.job.seats_on_ray import ray_sees
 
     with ray_sees([1]):
         ray.init(address="local", num_gpus=1, include_dashboard=False, configure_logging=False)

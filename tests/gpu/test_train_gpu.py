@@ -54,7 +54,7 @@ def test_three_grpo_steps_with_an_actor_on_the_gpu(tmp_path, policy, prompts_fil
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_nccl_sync_to_an_actor_on_another_gpu(policy_dir) -> None:
-    from trainers.job.placement import ray_sees
+    from trainers.job.seats_on_ray import ray_sees
 
     with ray_sees([1]):  # the actor on GPU 1, the trainer keeps GPU 0 (as the job places them)
         ray.init(address="local", num_gpus=1, include_dashboard=False, configure_logging=False)
@@ -62,7 +62,7 @@ def test_nccl_sync_to_an_actor_on_another_gpu(policy_dir) -> None:
 
 
 def test_cuda_ipc_sync_to_an_actor_sharing_the_trainers_gpu(policy_dir) -> None:
-    from trainers.job.placement import ray_sees
+    from trainers.job.seats_on_ray import ray_sees
 
     with ray_sees([0]):  # the actor on GPU 0 with the trainer, as the job places them on one GPU
         ray.init(address="local", num_gpus=1, include_dashboard=False, configure_logging=False)

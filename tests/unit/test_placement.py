@@ -9,9 +9,9 @@ from trainers.job.placement import (
     Node,
     PlacementError,
     plan_placement,
-    ray_visible_devices,
     this_machine,
 )
+from trainers.job.seats_on_ray import ray_visible_devices
 
 
 def _nodes(*gpus: int, cpus: float = 16.0) -> list[Node]:

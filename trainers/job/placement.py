@@ -1,34 +1,30 @@
 """Where the trainer ranks and the rollout actors run, planned from the cluster Ray sees.
 
-`plan_placement(config, nodes, joining)` takes the cluster's nodes (`cluster_nodes` reads them
-from a running Ray; `this_machine` describes the machine a Ray started here will have) and gives
+`plan_placement(config, nodes, joining)` takes the cluster's nodes (seats_on_ray.cluster_nodes
+reads them from a running Ray; `this_machine` describes the machine a Ray started here will have) and gives
 every trainer rank and every actor a seat: a node, a GPU (or none) and its share of it. Layouts:
 
     cpu        no GPU in the cluster: ranks and actors on CPUs, weights over gloo
     shared     one GPU holds the trainer (one rank) and one actor, weights over CUDA IPC
     split      trainer ranks on GPUs of their own (packed on one node where one has room),
                actors on every other GPU, weights over NCCL
-    colocated  every trainer GPU also holds an actor, weights over CUDA IPC on each GPU
+    colocated  the trainer's GPU also holds an actor, weights over CUDA IPC (one rank for now)
 
 A layout the cluster cannot hold is a `PlacementError` naming what to change, before any work.
-`placement_group_for` turns the seats into one Ray placement group whose bundles are pinned to
-the planned nodes, so what `--plan` prints is where Ray puts them.
+Putting the seats into Ray (a placement group pinned to the planned nodes) is seats_on_ray.py's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 from dataclasses import dataclass, field
-from typing import Any
 
 # Shares of one GPU when the trainer and an actor sit on it: the actor's engine takes 45% of the
 # memory for weights and KV cache, the trainer is capped at 50%.
 SHARED_ENGINE_MEMORY = 0.45
 SHARED_TRAINER_MEMORY = 0.5
 CPUS_PER_RANK = 1.0
-_MIN_BUNDLE_CPU = 0.01  # Ray refuses an empty bundle; an actor asking for 0 CPUs gets this
+MIN_BUNDLE_CPU = 0.01  # Ray refuses an empty bundle; an actor asking for 0 CPUs gets this
 
 
 class PlacementError(ValueError):
@@ -137,36 +133,6 @@ def this_machine(num_gpus: int, cpus: float | None = None) -> Node:
     CPUs are only counts, and a Ray started here is given as many as the layout asks for
     (`local_ray_cpus`), so two CPU ranks and an actor run on a 2-core laptop, slowly."""
     return Node("local", "this machine", float(cpus or "inf"), num_gpus, True)
-
-
-def local_ray_cpus(placement: Placement) -> int:
-    """CPUs for a Ray started here: the machine's, or what the layout's Ray seats ask for."""
-    import math
-
-    seats = (*(() if placement.trainer_in_driver else placement.ranks), *placement.actors)
-    need = sum(max(s.cpus, _MIN_BUNDLE_CPU) for s in seats)
-    return max(os.cpu_count() or 1, math.ceil(need))
-
-
-def cluster_nodes(ray) -> list[Node]:
-    """The live nodes of the Ray this process is connected to, with their total resources (what
-    the layout is planned against; other jobs' use shows up as a wait for the placement group)."""
-    driver = ray.get_runtime_context().get_node_id()
-    nodes = []
-    for n in ray.nodes():
-        if not n.get("Alive"):
-            continue
-        resources = n.get("Resources", {})
-        nodes.append(
-            Node(
-                n["NodeID"],
-                n.get("NodeManagerAddress", "?"),
-                float(resources.get("CPU", 0.0)),
-                int(resources.get("GPU", 0.0)),
-                n["NodeID"] == driver,
-            )
-        )
-    return nodes
 
 
 def plan_placement(
@@ -327,7 +293,7 @@ def _cpu_layout(rollout, num_processes: int, nodes: list[Node], in_driver: bool)
         ]
     actors = []
     for i in range(num_actors):
-        need = max(rollout.cpus_per_actor, _MIN_BUNDLE_CPU)
+        need = max(rollout.cpus_per_actor, MIN_BUNDLE_CPU)
         node = next((n for n in nodes if room[n.node_id] >= need), None)
         if node is None:
             raise PlacementError(
@@ -345,78 +311,3 @@ def _cpu_layout(rollout, num_processes: int, nodes: list[Node], in_driver: bool)
         trainer_in_driver=in_driver,
         engine_overrides={"device": "cpu"},
     )
-
-
-def placement_group_for(placement: Placement, ray, timeout_s: float = 600.0):
-    """One Ray placement group for the seats the job starts (the trainer's ranks unless it runs
-    in this process, and the actors), each bundle pinned to its planned node. Returns it with
-    the bundle index of every seat: {("trainer"|"actor", index): bundle}."""
-    from ray.util.placement_group import placement_group
-
-    bundles, selectors, index = [], [], {}
-    for seat in (*(() if placement.trainer_in_driver else placement.ranks), *placement.actors):
-        partner = _bundle_of_gpu(seat, index, bundles)
-        if partner is not None:  # the rank's GPU: its actor joins the rank's bundle
-            bundles[partner]["CPU"] += max(seat.cpus, _MIN_BUNDLE_CPU)
-            index[(seat.role, seat.index)] = partner
-            continue
-        bundle = {"CPU": max(seat.cpus, _MIN_BUNDLE_CPU)}
-        if seat.gpu is not None:
-            bundle["GPU"] = 1.0
-        index[(seat.role, seat.index)] = len(bundles)
-        bundles.append(bundle)
-        selectors.append(
-            {"ray.io/node-id": seat.node.node_id} if seat.node.node_id != "local" else {}
-        )
-    group = placement_group(bundles, strategy="PACK", bundle_label_selector=selectors)
-    ready = group.ready()
-    done, _ = ray.wait([ready], timeout=timeout_s)
-    if not done:
-        ray.util.remove_placement_group(group)
-        raise PlacementError(
-            f"the cluster did not free the resources of this layout in {timeout_s:.0f} s "
-            f"({bundles}); other jobs hold them: wait, or plan a smaller layout (--plan shows it)"
-        )
-    return group, index
-
-
-def _bundle_of_gpu(seat: Seat, index: dict, bundles: list[dict]) -> int | None:
-    """The bundle already holding this seat's GPU (a colocated actor's rank), if any."""
-    if seat.role != "actor" or seat.gpu is None or seat.gpu_share >= 1.0:
-        return None
-    return index.get(("trainer", seat.index))
-
-
-def scheduling(group, bundle: int) -> Any:
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    return PlacementGroupSchedulingStrategy(
-        placement_group=group, placement_group_bundle_index=bundle
-    )
-
-
-def ray_visible_devices(gpus: list[int], environ: dict[str, str]) -> str:
-    """CUDA_VISIBLE_DEVICES for a Ray started here that should hand out only `gpus` (indices as
-    this process sees them, mapped through any CUDA_VISIBLE_DEVICES it already has): Ray then
-    numbers and assigns exactly those devices."""
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    physical = visible.split(",") if visible else None
-    return ",".join(physical[i] if physical else str(i) for i in gpus)
-
-
-@contextlib.contextmanager
-def ray_sees(gpus: list[int] | None):
-    """CUDA_VISIBLE_DEVICES = `gpus` while Ray starts (its node process inherits it and hands
-    out only those), then back as it was for this process."""
-    if gpus is None:
-        yield
-        return
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = ray_visible_devices(gpus, os.environ)
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["CUDA_VISIBLE_DEVICES"]
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = before

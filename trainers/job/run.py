@@ -21,18 +21,16 @@ from pathlib import Path
 from rollout.process_env import set_process_env_defaults
 from trainers.job.checkpoints import read_rollout_state, wandb_run_id
 from trainers.job.config import JobConfig
-from trainers.job.placement import (
-    Placement,
-    PlacementError,
+from trainers.job.placement import Placement, PlacementError, plan_placement, this_machine
+from trainers.job.preflight import JobInputError, check_inputs
+from trainers.job.resume import resolve_resume
+from trainers.job.seats_on_ray import (
     cluster_nodes,
     local_ray_cpus,
     placement_group_for,
-    plan_placement,
     ray_sees,
-    this_machine,
+    scheduling,
 )
-from trainers.job.preflight import JobInputError, check_inputs
-from trainers.job.resume import resolve_resume
 from trainers.job.session_reaper import local_session_name, start_session_reaper
 from trainers.job.stopping import GracefulStop
 from trainers.job.training import Run, train_process
@@ -84,8 +82,6 @@ def _local_ray_kwargs(placement: Placement) -> dict:
 
 
 def _seat(group, seats: dict, actor: int):
-    from trainers.job.placement import scheduling
-
     return scheduling(group, seats[("actor", actor)])
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
-from trainers.job.placement import Placement, scheduling
+from trainers.job.placement import Placement
+from trainers.job.seats_on_ray import scheduling
 from trainers.job.training import Run, train_process
 
 
@@ -91,7 +91,6 @@ def run_on_ranks(
                 num_cpus=seat.cpus,
                 max_concurrency=3,  # request_stop and console_lines arrive while run() trains
                 scheduling_strategy=scheduling(group, seat_bundles[("trainer", seat.index)]),
-                name=None,
             ).remote(seat.index, world)
         )
     try:
@@ -126,7 +125,6 @@ def run_on_ranks(
         # A failed rank leaves the others in a collective; a stopped job, all of them running.
         for r in ranks:
             ray.kill(r, no_restart=True)
-        time.sleep(0)  # the kills are sent; the placement group goes with the job's Ray
 
 
 class ConsoleLines:

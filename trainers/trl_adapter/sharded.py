@@ -21,17 +21,16 @@ from functools import cache
 from trainers.trl_adapter.lora import adapter_for_sync
 
 
-def fsdp_args(model_config_class_names: list[str] | None = None) -> dict:
-    """FSDP2 over every rank: parameters, gradients and optimizer states sharded; checkpoints
-    sharded (each rank writes its own part); the final model gathered whole (run by the job)."""
+def fsdp_args() -> dict:
+    """FSDP2 over every rank: parameters, gradients and optimizer states sharded, one unit per
+    decoder layer (the model's own no-split modules); checkpoints sharded (each rank writes its
+    part); the final model is gathered whole by the job."""
     config = {
         "fsdp_version": 2,
         "reshard_after_forward": True,
         "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         "state_dict_type": "SHARDED_STATE_DICT",
     }
-    if model_config_class_names:
-        config["transformer_layer_cls_to_wrap"] = model_config_class_names
     return {"fsdp": True, "fsdp_config": config}
 
 

@@ -28,12 +28,7 @@ class PoolWeightTransfer:
     def send_weights(self, iterator: Iterator[tuple[str, Any]], specs=None, device=None) -> None:
         """Every parameter; with `specs` ((name, shape) in the iterator's order), pulled bucket
         by bucket as the transfer goes (each pull may be a gather across the trainer's ranks)."""
-        if specs is None:
-            result = self.pool.sync_weights(iterator, backend=self.backend)
-        else:
-            result = self.pool.sync_weights(
-                iterator, backend=self.backend, specs=specs, device=device
-            )
+        result = self.pool.sync_weights(iterator, backend=self.backend, specs=specs, device=device)
         self.history.append(result)
 
     def send_adapter(self, adapter: list) -> None:
