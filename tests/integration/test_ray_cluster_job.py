@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -108,5 +109,16 @@ def test_two_ranks_and_two_actors_spread_over_a_two_node_cluster(
         ranks = {s["node_id"] for s in summary["placement"] if s["role"] == "trainer"}
         actors = {s["node_id"] for s in summary["placement"] if s["role"] == "actor"}
         assert len(ranks) == 1 and len(actors) == 2, summary["placement"]
+        # A third node with four logical GPUs: the plan moves to them (nothing is started).
+        gpus = [RAY, "start", f"--address={address}", "--num-cpus=1", "--num-gpus=4"]
+        done = _run(gpus, env, timeout=180)
+        assert done.returncode == 0, done.stdout + done.stderr
+        plan = _run([job[0], job[1], "--plan", *job[2:4], "trainer.num_processes=2"], env, 300)
+        assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr[-3000:]
+        lines = plan.stdout.splitlines()
+        assert lines[0].startswith("layout split: 2 trainer rank(s), 2 rollout actor(s)"), lines
+        seated = [re.search(r"node \S+ \((\w+)\)\s+GPU (\d)", line).groups() for line in lines[1:]]
+        assert len({node for node, _ in seated}) == 1, "all four on the GPU node"
+        assert [gpu for _, gpu in seated] == ["0", "1", "2", "3"], lines
     finally:
         _run([RAY, "stop", "--force"], env, timeout=120)

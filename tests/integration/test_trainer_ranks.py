@@ -313,6 +313,58 @@ def test_a_killed_rank_ends_the_job_with_its_error_and_leaves_nothing(
     assert not left, left
 
 
+@pytest.mark.slow
+def test_a_rank_failing_at_start_is_one_line_and_leaves_nothing(
+    tmp_path, policy_dir, prompts_file
+) -> None:
+    """A reward file that loads in the job's process (its checks pass) but raises where a rank
+    loads it: the job ends with one line naming the rank, and its Ray is gone."""
+    rewards = tmp_path / "rank_rewards.py"
+    rewards.write_text(
+        "import os\n"
+        "if os.environ.get('RANK') == '1':\n"
+        "    raise RuntimeError('no reward data on this node')\n"
+        "def constant(prompts, completions, **kw):\n"
+        "    return [0.0] * len(completions)\n"
+    )
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    env.pop("RAY_ADDRESS", None)
+    args = _job_overrides(
+        tmp_path / "run", policy_dir, prompts_file,
+        "trainer.num_processes=2", "trainer.max_steps=2", f"rewards=[{rewards}:constant]",
+    )  # fmt: skip
+    job = subprocess.Popen(
+        [sys.executable, "scripts/train_grpo.py", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen: dict[int, str] = {}
+    watchdog = threading.Timer(600, job.kill)
+    watchdog.start()
+    try:
+        while job.poll() is None:  # what the job's Ray started, while it runs
+            seen |= _descendants(job.pid)
+            time.sleep(0.5)
+        text = job.stdout.read()
+    finally:
+        watchdog.cancel()
+        job.kill()
+    last = text.strip().splitlines()[-1]
+    assert job.returncode == 1, text[-3000:]
+    assert last.startswith("train_grpo.py: error: trainer rank 1 (node this machine) failed"), last
+    assert "no reward data on this node" in last and "every rank and actor was stopped" in last
+    assert any(args.startswith("ray::TrainerRank") for args in seen.values()), seen
+    for _ in range(30):
+        left = {pid: args for pid, args in _table().items() if pid in seen}
+        if not left:
+            break
+        time.sleep(1)
+    assert not left, left
+
+
 def _table() -> dict[int, tuple[int, str]]:
     done = subprocess.run(
         ["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True, check=True
