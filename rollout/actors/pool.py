@@ -23,6 +23,7 @@ import torch
 
 from rollout.actors.messages import ActorDeath, CompletedGroup, FinishedSample, GroupRequest
 from rollout.actors.pool_weights import ActorsLostDuringSync, ActorWeightSync
+from rollout.actors.rank_sync import RankSyncPlan
 from rollout.actors.worker import RolloutWorker
 from rollout.engine.config import EngineConfig
 from rollout.engine.model.loader import TORCH_DTYPES, resolve_dtype
@@ -235,6 +236,21 @@ class RolloutPool:
         send = functools.partial(self._weights.send_adapter, manifest=manifest, factors=factors)
         return self._sync("check_adapter", manifest, send, version, backend, retry=True)
 
+    def rank_sync_plan(self, backend: str) -> RankSyncPlan:
+        """The next sync for trainer ranks that each send to their own actors (rank_sync.py):
+        the live actors, the version they take, how to send. Pause the pool first; once every
+        rank has sent, `ranks_synced(plan)` counts the version."""
+        return RankSyncPlan(
+            actors=self._live(),
+            version=self.version + 1,
+            engine_dtype=self.engine_config.dtype,
+            bucket_bytes=self.weight_bucket_bytes,
+            backend=backend,
+        )
+
+    def ranks_synced(self, plan: RankSyncPlan) -> None:
+        self.version = plan.version
+
     def _sync(
         self,
         check: str,
@@ -272,6 +288,10 @@ class RolloutPool:
                     ) from lost
         self.version = new_version
         return {"seconds": time.perf_counter() - start, "bytes": sent, "version": self.version}
+
+    def live_actors(self) -> list[int]:
+        """The ids of the actors the pool has not lost."""
+        return list(self._live())
 
     def probe(
         self, prompt_token_ids: list[int], max_tokens: int = 16, actor: int | None = None

@@ -18,9 +18,15 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("trl")
 
 
-@pytest.mark.parametrize("policy", ["policy_dir", "moe_policy_dir"])
-def test_three_grpo_steps_with_an_actor_on_the_gpu(tmp_path, policy, prompts_file, request) -> None:
-    """A dense and an MoE policy (the actor runs the MoE experts with the fused kernel)."""
+@pytest.mark.parametrize(
+    "policy, mode",
+    [("policy_dir", "streaming"), ("moe_policy_dir", "streaming"), ("policy_dir", "sync")],
+)
+def test_three_grpo_steps_with_an_actor_on_the_gpu(
+    tmp_path, policy, mode, prompts_file, request
+) -> None:
+    """A dense and an MoE policy (the actor runs the MoE experts with the fused kernel), and
+    trl.GRPOTrainer (sync mode)."""
     from trainers.job import run_job
     from trainers.job.config_loading import load_config
 
@@ -33,6 +39,7 @@ def test_three_grpo_steps_with_an_actor_on_the_gpu(tmp_path, policy, prompts_fil
             f"model={policy_dir}",
             f"dataset.source={prompts_file}",
             "trainer.max_steps=3",
+            f"trainer.mode={mode}",
             "trainer.num_generations=4",
             "trainer.prompts_per_step=2",
             "trainer.max_completion_length=16",
@@ -69,9 +76,22 @@ def test_cuda_ipc_sync_to_an_actor_sharing_the_trainers_gpu(policy_dir) -> None:
     _sync_twice_and_compare(policy_dir, gpus_per_actor=0.5, backend="cuda_ipc", actor_gpu="0")
 
 
-def _sync_twice_and_compare(policy_dir, gpus_per_actor: float, backend: str, actor_gpu) -> None:
+def test_a_colocated_ranks_own_sender_reaches_the_actor_on_its_gpu(policy_dir) -> None:
+    """What each colocated trainer rank does: its own RankWeightSender, lazily pulled buckets,
+    over CUDA IPC to the actor on its GPU; the pool only plans and counts the version."""
+    from trainers.job.seats_on_ray import ray_sees
+
+    with ray_sees([0]):
+        ray.init(address="local", num_gpus=1, include_dashboard=False, configure_logging=False)
+    _sync_twice_and_compare(policy_dir, 0.5, "cuda_ipc", actor_gpu="0", from_rank=True)
+
+
+def _sync_twice_and_compare(
+    policy_dir, gpus_per_actor: float, backend: str, actor_gpu, from_rank: bool = False
+) -> None:
     from rollout import EngineConfig
     from rollout.actors.pool import RolloutPool
+    from rollout.actors.rank_sync import RankWeightSender
     from trainers.trl_adapter.parity import logprob_parity
 
     pool = None
@@ -91,9 +111,17 @@ def _sync_twice_and_compare(policy_dir, gpus_per_actor: float, backend: str, act
             assert ray.get(pool.actors[0].gpu_ids.remote()) == [actor_gpu], "the actor's GPU"
         prompt = [5, 17, 33, 8]
         assert logprob_parity(pool, trainer_model, prompt) > 1e-2, "different weights differ"
+        sender = RankWeightSender() if from_rank else None
         for _ in range(2):  # the second sync reuses the group
             pool.pause()
-            result = pool.sync_weights(trainer_model.named_parameters(), backend=backend)
+            if sender is None:
+                result = pool.sync_weights(trainer_model.named_parameters(), backend=backend)
+            else:
+                plan = pool.rank_sync_plan(backend)
+                specs = [(n, tuple(p.shape)) for n, p in trainer_model.named_parameters()]
+                pulled = ((n, p.detach()) for n, p in trainer_model.named_parameters())
+                result = sender.send_weights(plan, [0], pulled, specs, torch.device("cuda:0"))
+                pool.ranks_synced(plan)
             pool.resume()
             assert result["bytes"] > 0
         assert pool.version == 2

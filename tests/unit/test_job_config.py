@@ -477,9 +477,19 @@ def test_lora_from_a_file_with_a_list_of_targets(tmp_path) -> None:
         ),
         (["trainer.num_processes=0"], "trainer.num_processes=0: must be >= 1"),
         (
-            ["trainer.num_processes=2", "trainer.mode=sync"],
-            "trainer.num_processes=2: several trainer ranks run in streaming mode only for now; "
-            "use trainer.mode=streaming (or trainer.num_processes=1)",
+            ["trainer.num_processes=3", "trainer.mode=sync", "trainer.prompts_per_step=2"],
+            "trainer.num_processes=3: must divide the step's ",
+        ),
+        (
+            [
+                "trainer.num_processes=2",
+                "trainer.mode=sync",
+                "trainer.prompts_per_step=2",
+                "trainer.num_generations=4",
+                "trainer.gradient_accumulation_steps=8",
+            ],
+            "trainer.gradient_accumulation_steps=8: must divide the step's 4 samples per rank "
+            "(2 ranks)",
         ),
         (
             ["rollout.layout=spread"],
@@ -489,6 +499,20 @@ def test_lora_from_a_file_with_a_list_of_targets(tmp_path) -> None:
 )
 def test_ranks_lora_and_layout_errors_are_one_line(overrides, message) -> None:
     assert _refusal(overrides).startswith(message)
+
+
+def test_sync_mode_splits_a_step_over_the_ranks() -> None:
+    config = load_config(
+        None,
+        [
+            "trainer.mode=sync",
+            "trainer.num_processes=2",
+            "trainer.prompts_per_step=4",
+            "trainer.num_generations=4",
+            "trainer.gradient_accumulation_steps=2",
+        ],
+    )
+    assert config.samples_per_rank == 8 and config.sync_micro_batch == 4
 
 
 def test_several_ranks_and_each_layout_are_accepted() -> None:

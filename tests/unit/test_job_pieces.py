@@ -25,9 +25,27 @@ class RecordingTransfer:
         self.calls.append("resume")
 
 
+class OneProcess:
+    """accelerate's Accelerator as one process on CPU has it, for what the sync calls."""
+
+    num_processes = 1
+    is_main_process = True
+    device = "cpu"
+
+    def wait_for_everyone(self) -> None:
+        pass
+
+    def unwrap_model(self, model):
+        return model
+
+
 def _trainer(step: int):
-    model = SimpleNamespace(named_parameters=lambda: iter([("w", 0), ("b", 1)]))
-    return SimpleNamespace(state=SimpleNamespace(global_step=step), model=model)
+    import torch
+
+    model = torch.nn.Linear(2, 2)  # two parameters: weight and bias
+    return SimpleNamespace(
+        state=SimpleNamespace(global_step=step), model=model, accelerator=OneProcess()
+    )
 
 
 def test_weights_go_to_the_pool_once_per_optimizer_step() -> None:

@@ -63,7 +63,9 @@ def test_the_sync_rollout_func_gives_trl_env_mask_and_env_reward() -> None:
         pool, formatter=None, sampling=SamplingParams(max_tokens=8),
         before_generation=lambda trainer: None, environment="pkg.envs:Env", rows=rows,
     )  # fmt: skip
-    trainer = SimpleNamespace(args=SimpleNamespace(num_generations=2))
+    trainer = SimpleNamespace(
+        args=SimpleNamespace(num_generations=2), accelerator=SimpleNamespace(num_processes=1)
+    )
     out = rollout_func(["w5 w6", "w5 w6", "w3 w4", "w3 w4"], trainer)
     assert [kw["row"] for kw in pool.submitted] == [rows[1], rows[0]]  # each prompt's own row
     assert all(kw["environment"] == "pkg.envs:Env" for kw in pool.submitted)

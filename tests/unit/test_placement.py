@@ -69,8 +69,27 @@ def test_colocated_puts_an_actor_beside_the_rank() -> None:
     assert p.weight_sync_backend == "cuda_ipc" and p.num_actors == 1
     assert [(s.node, s.gpu) for s in p.ranks] == [(s.node, s.gpu) for s in p.actors]
     assert all(s.gpu_share == 0.5 for s in (*p.ranks, *p.actors))
-    with pytest.raises(PlacementError, match="use rollout.layout=split"):
-        plan_placement(RolloutConfig(layout="colocated"), 4, _nodes(4), joining=True)
+    assert not p.each_rank_syncs_its_actor, "one rank: the pool's own sync"
+
+
+def test_colocated_ranks_each_sync_the_actor_on_their_gpu() -> None:
+    p = plan_placement(RolloutConfig(layout="colocated"), 4, _nodes(2, 4), joining=True)
+    assert p.layout == "colocated" and p.each_rank_syncs_its_actor
+    assert p.weight_sync_backend == "cuda_ipc" and p.num_actors == 4
+    assert [(s.node.node_id, s.gpu) for s in p.ranks] == [("node1", g) for g in range(4)]
+    assert [(s.node, s.gpu) for s in p.ranks] == [(s.node, s.gpu) for s in p.actors]
+
+
+def test_colocated_on_cpus_puts_each_actor_on_its_ranks_node() -> None:
+    nodes = [Node("head", "h", 1, 0, driver=True), Node("worker", "w", 4, 0)]
+    p = plan_placement(RolloutConfig(layout="colocated"), 2, nodes, joining=True)
+    assert p.layout == "colocated" and p.each_rank_syncs_its_actor
+    assert p.weight_sync_backend == "gloo" and p.trainer_device == "cpu"
+    assert [s.node.node_id for s in (*p.ranks, *p.actors)] == ["worker"] * 4
+    with pytest.raises(PlacementError, match="has room for 1 at rollout.cpus_per_actor=1"):
+        plan_placement(RolloutConfig(layout="colocated"), 2, _nodes(0, cpus=3), joining=True)
+    one = plan_placement(RolloutConfig(layout="colocated"), 1, [this_machine(0)])
+    assert one.layout == "cpu" and not one.each_rank_syncs_its_actor
 
 
 def test_layouts_the_cluster_cannot_hold_are_one_line_errors() -> None:

@@ -339,10 +339,16 @@ class JobConfig:
         return self.rows_per_step()
 
     @property
+    def samples_per_rank(self) -> int:
+        """Sync mode: each trainer rank's share of a step's samples."""
+        t = self.trainer
+        return t.prompts_per_step * t.num_generations // t.num_processes
+
+    @property
     def sync_micro_batch(self) -> int:
         """Sync mode (trl.GRPOTrainer pads each forward to its longest sample): samples per
-        forward, a divisor of the step's samples."""
-        samples = self.trainer.prompts_per_step * self.trainer.num_generations
+        forward, a divisor of each rank's share of the step's samples."""
+        samples = self.samples_per_rank
         if self.trainer.gradient_accumulation_steps is not None:
             return samples // self.trainer.gradient_accumulation_steps
         if self.trainer.token_budget is None:
@@ -388,28 +394,31 @@ class JobConfig:
                 "long could not be trained on. Raise trainer.token_budget or lower "
                 "rollout.engine.max_model_len",
             )
-        samples = t.prompts_per_step * t.num_generations
-        if t.mode == "sync" and t.gradient_accumulation_steps is not None:
-            if samples % t.gradient_accumulation_steps:
-                refuse(
-                    "trainer.gradient_accumulation_steps",
-                    t.gradient_accumulation_steps,
-                    f"must divide the step's {samples} samples (prompts_per_step x "
-                    "num_generations) in sync mode",
-                )
-        _check_trainer_ranks(self)
+        if t.mode == "sync":
+            _check_sync_batches(self)
 
 
-def _check_trainer_ranks(config: JobConfig) -> None:
-    """What several trainer ranks cannot run with yet. NOTE: the multi-rank path is built for
-    streaming mode only; lift the sync refusal here once sync mode runs under FSDP2."""
-    ranks = config.trainer.num_processes
-    if ranks > 1 and config.trainer.mode == "sync":
+def _check_sync_batches(config: JobConfig) -> None:
+    """trl.GRPOTrainer splits a step's samples evenly over the ranks, and each rank's share
+    into equal forwards."""
+    t = config.trainer
+    samples = t.prompts_per_step * t.num_generations
+    if samples % t.num_processes:
         refuse(
             "trainer.num_processes",
-            ranks,
-            "several trainer ranks run in streaming mode only for now; use trainer.mode=streaming "
-            "(or trainer.num_processes=1)",
+            t.num_processes,
+            f"must divide the step's {samples} samples (prompts_per_step x num_generations) in "
+            "sync mode: each rank trains an equal share. Change trainer.prompts_per_step or "
+            "trainer.num_processes",
+        )
+    share = config.samples_per_rank
+    if t.gradient_accumulation_steps is not None and share % t.gradient_accumulation_steps:
+        per_rank = f" per rank ({t.num_processes} ranks)" if t.num_processes > 1 else ""
+        refuse(
+            "trainer.gradient_accumulation_steps",
+            t.gradient_accumulation_steps,
+            f"must divide the step's {share} samples{per_rank} (prompts_per_step x "
+            "num_generations) in sync mode",
         )
 
 

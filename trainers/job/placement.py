@@ -8,7 +8,8 @@ every trainer rank and every actor a seat: a node, a GPU (or none) and its share
     shared     one GPU holds the trainer (one rank) and one actor, weights over CUDA IPC
     split      trainer ranks on GPUs of their own (packed on one node where one has room),
                actors on every other GPU, weights over NCCL
-    colocated  the trainer's GPU also holds an actor, weights over CUDA IPC (one rank for now)
+    colocated  each rank's GPU also holds an actor, which that rank syncs over CUDA IPC (on a
+               cluster without GPUs: an actor beside each rank on its node, synced over gloo)
 
 A layout the cluster cannot hold is a `PlacementError` naming what to change, before any work.
 Putting the seats into Ray (a placement group pinned to the planned nodes) is seats_on_ray.py's.
@@ -78,6 +79,12 @@ class Placement:
         return len(self.ranks)
 
     @property
+    def each_rank_syncs_its_actor(self) -> bool:
+        """Colocated ranks: rank i sends its weights to actor i, beside it, itself (rank 0's pool
+        still pauses, resumes and counts versions). Otherwise rank 0 sends to every actor."""
+        return self.layout == "colocated" and self.num_processes > 1
+
+    @property
     def gpus_per_actor(self) -> float:
         return self.actors[0].gpu_share
 
@@ -96,6 +103,7 @@ class Placement:
         lines = [
             f"layout {self.layout}: {self.num_processes} trainer rank(s), {self.num_actors} "
             f"rollout actor(s), weight sync over {self.weight_sync_backend}"
+            + (", each rank to the actor beside it" if self.each_rank_syncs_its_actor else "")
             + ("; the trainer runs in this process" if self.trainer_in_driver else "")
         ]
         for seat in (*self.ranks, *self.actors):
@@ -165,6 +173,10 @@ def _plan(rollout, num_processes: int, nodes: list[Node], joining: bool) -> Plac
     total_gpus = sum(n.gpus for n in nodes)
     in_driver = not joining and num_processes == 1
     if total_gpus == 0:
+        if rollout.layout == "colocated" and num_processes > 1:
+            _check_colocated_actors(rollout, num_processes)
+            placement = _cpu_layout(rollout, num_processes, nodes, in_driver, colocated=True)
+            return dataclasses.replace(placement, layout="colocated")
         return _cpu_layout(rollout, num_processes, nodes, in_driver)
     layout = rollout.layout
     if layout == "auto":
@@ -186,19 +198,7 @@ def _plan(rollout, num_processes: int, nodes: list[Node], joining: bool) -> Plac
         shared = _colocated(rollout, gpus[:1], in_driver)
         return dataclasses.replace(shared, layout="shared")
     if layout == "colocated":
-        if num_processes > 1:
-            raise PlacementError(
-                f"rollout.layout=colocated runs one trainer rank for now (each rank syncing the "
-                f"actor on its own GPU is not built yet); for trainer.num_processes="
-                f"{num_processes} use rollout.layout=split"
-            )
-        actors = rollout.num_actors or num_processes
-        if actors != num_processes:
-            raise PlacementError(
-                f"rollout.layout=colocated puts one actor beside each of the {num_processes} "
-                f"trainer rank(s); rollout.num_actors={rollout.num_actors} must be 0 or "
-                f"{num_processes}"
-            )
+        _check_colocated_actors(rollout, num_processes)
         return _colocated(rollout, gpus[:num_processes], in_driver)
     free = len(gpus) - num_processes
     if free < 1:
@@ -237,6 +237,15 @@ def _plan(rollout, num_processes: int, nodes: list[Node], joining: bool) -> Plac
     )
 
 
+def _check_colocated_actors(rollout, num_processes: int) -> None:
+    if (rollout.num_actors or num_processes) != num_processes:
+        raise PlacementError(
+            f"rollout.layout=colocated puts one actor beside each of the {num_processes} "
+            f"trainer rank(s); rollout.num_actors={rollout.num_actors} must be 0 or "
+            f"{num_processes}"
+        )
+
+
 def _colocated(rollout, gpus: list[tuple[Node, int]], in_driver: bool) -> Placement:
     ranks = tuple(
         Seat("trainer", i, node, gpu, 0.5, SHARED_TRAINER_MEMORY, CPUS_PER_RANK)
@@ -271,9 +280,12 @@ def _gpu_slots(nodes: list[Node], packed: int) -> list[tuple[Node, int]]:
     return [(node, gpu) for node in order for gpu in range(node.gpus)]
 
 
-def _cpu_layout(rollout, num_processes: int, nodes: list[Node], in_driver: bool) -> Placement:
-    """No GPU: the ranks packed on the node with the most CPUs, then the actors first-fit."""
-    num_actors = max(1, rollout.num_actors)
+def _cpu_layout(
+    rollout, num_processes: int, nodes: list[Node], in_driver: bool, colocated: bool = False
+) -> Placement:
+    """No GPU: the ranks packed on the node with the most CPUs, then the actors first-fit;
+    `colocated`: one actor per rank, on the ranks' node."""
+    num_actors = num_processes if colocated else max(1, rollout.num_actors)
     room = {n.node_id: n.cpus for n in nodes}
     ranks: list[Seat] = []
     if in_driver:
@@ -294,7 +306,14 @@ def _cpu_layout(rollout, num_processes: int, nodes: list[Node], in_driver: bool)
     actors = []
     for i in range(num_actors):
         need = max(rollout.cpus_per_actor, MIN_BUNDLE_CPU)
-        node = next((n for n in nodes if room[n.node_id] >= need), None)
+        candidates = [ranks[0].node] if colocated else nodes
+        node = next((n for n in candidates if room[n.node_id] >= need), None)
+        if node is None and colocated:
+            raise PlacementError(
+                f"rollout.layout=colocated puts an actor beside each of the {num_processes} "
+                f"trainer ranks on their node, which has room for {i} at rollout.cpus_per_actor="
+                f"{rollout.cpus_per_actor:g}; lower rollout.cpus_per_actor or use another layout"
+            )
         if node is None:
             raise PlacementError(
                 f"rollout.num_actors={num_actors} at rollout.cpus_per_actor="

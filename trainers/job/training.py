@@ -85,6 +85,7 @@ def train_process(run: Run, stop, rank: int = 0, world: int = 1) -> dict | None:
                 on_cpu=placement.trainer_device == "cpu",
                 start_cursor=run.saved.get("dataset_position") or 0,
                 num_processes=world,
+                each_rank_syncs_its_actor=placement.each_rank_syncs_its_actor,
             )
         )
         saver = attach_callbacks(built, pool, config, stop, world)

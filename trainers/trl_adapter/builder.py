@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from rollout.engine.sampling_params import SamplingParams
 from rollout.prompts import PromptFormatter
 from trainers.trl_adapter.parity import ParityProbe
+from trainers.trl_adapter.rank_feed import RankFeed
 from trainers.trl_adapter.weight_sync import PoolWeightTransfer
 
 if TYPE_CHECKING:  # trainers.job imports this package: no trainers.job import at run time
@@ -40,7 +41,9 @@ class JobInputs:
     start_cursor: int = 0
     """The dataset row to start from (a resumed run's saved position)."""
     num_processes: int = 1
-    """Trainer ranks: more than one shards the model with FSDP2 (streaming mode)."""
+    """Trainer ranks: more than one shards the model with FSDP2."""
+    each_rank_syncs_its_actor: bool = False
+    """Colocated ranks: rank i sends its weights to actor i (rank_feed.py)."""
 
 
 @dataclass
@@ -103,7 +106,11 @@ def build_trainer(job: JobInputs) -> BuiltTrainer:
     from trainers.trl_adapter import streaming, sync
 
     t = job.config.trainer
-    probe = ParityProbe(job.pool, job.formatter.prompt_ids(job.dataset[0]["prompt"]))
+    # Colocated ranks feed one actor each: the probe checks every actor, not only the first.
+    feed = RankFeed() if job.each_rank_syncs_its_actor else None
+    probe = ParityProbe(
+        job.pool, job.formatter.prompt_ids(job.dataset[0]["prompt"]), every_actor=feed is not None
+    )
     transfer = PoolWeightTransfer(job.pool, job.weight_sync_backend)
     turn_tokens = job.config.environment.max_turn_tokens  # multi-turn: one model turn's limit
     sampling = SamplingParams(
@@ -117,7 +124,8 @@ def build_trainer(job: JobInputs) -> BuiltTrainer:
         trainer, worker = streaming.trainer_for_job(job, sampling, transfer, rewards)
         trainer.parity = probe
         trainer.lora = t.lora is not None
+        trainer.feed = feed
     else:
-        trainer = sync.trainer_for_job(job, sampling, transfer, probe)
+        trainer = sync.trainer_for_job(job, sampling, transfer, probe, feed)
     probe.attach(trainer.model)
     return BuiltTrainer(trainer, transfer, rewards, worker)

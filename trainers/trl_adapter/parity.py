@@ -48,21 +48,25 @@ def logprob_parity(pool, model, prompt_ids: list[int], max_tokens: int = 16) -> 
 class ParityProbe:
     """`logprob_parity` after each sync, recorded in the weight transfer's history. The transfer
     is built before the trainer (the streaming trainer takes it as an argument), so the
-    trainer's model is attached once the trainer exists."""
+    trainer's model is attached once the trainer exists. `every_actor`: probe each live actor
+    and record the worst gap (colocated ranks feed one actor each)."""
 
-    def __init__(self, pool, prompt_ids: list[int], max_tokens: int = 16) -> None:
+    def __init__(
+        self, pool, prompt_ids: list[int], max_tokens: int = 16, every_actor: bool = False
+    ) -> None:
         self.pool = pool
         self.prompt_ids = prompt_ids
         self.max_tokens = max_tokens
+        self.every_actor = every_actor
         self.model: Any = None
 
     def attach(self, model) -> None:
         self.model = model
 
     def run(self, accelerator=None, transfer=None) -> None:
-        """After a sync: rank 0 (the one holding `transfer`) draws the probe; with an
-        `accelerator` of several ranks, its tokens go to every rank, which all run the forward.
-        The gap lands in `transfer.history[-1]`."""
+        """After a sync: rank 0 (the one holding `transfer`) draws the probes; with an
+        `accelerator` of several ranks, their tokens go to every rank, which all run the
+        forwards. The gap lands in `transfer.history[-1]`."""
         import torch
 
         assert self.model is not None, "attach the trainer's model before the first sync"
@@ -73,13 +77,18 @@ class ParityProbe:
             return
         from accelerate.utils import broadcast_object_list
 
-        probe = None
+        probes = None
         if transfer is not None:
-            probe = self.pool.probe(self.prompt_ids, max_tokens=self.max_tokens)
-        probe = broadcast_object_list([probe], from_process=0)[0]
-        if not probe["token_ids"]:
-            return
-        expected = trainer_logprobs(self.model, self.prompt_ids, probe["token_ids"])
-        if transfer is not None and transfer.history:
-            gap = float((expected - torch.tensor(probe["logprobs"])).abs().max())
-            transfer.history[-1]["logprob_max_abs_diff"] = gap
+            actors = list(self.pool.live_actors()) if self.every_actor else [None]
+            probes = [
+                self.pool.probe(self.prompt_ids, max_tokens=self.max_tokens, actor=actor)
+                for actor in actors
+            ]
+        probes = broadcast_object_list([probes], from_process=0)[0]
+        gaps = []
+        for probe in probes:
+            if probe["token_ids"]:
+                expected = trainer_logprobs(self.model, self.prompt_ids, probe["token_ids"])
+                gaps.append(float((expected - torch.tensor(probe["logprobs"])).abs().max()))
+        if transfer is not None and transfer.history and gaps:
+            transfer.history[-1]["logprob_max_abs_diff"] = max(gaps)

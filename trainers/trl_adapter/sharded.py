@@ -1,21 +1,23 @@
-"""The streaming trainer across ranks (FSDP2 through accelerate) and its weights to the pool.
+"""The trainer across ranks (FSDP2 through accelerate) and its weights to the pool, for both
+modes' TRL trainers.
 
-`fsdp_args` are the TrainingArguments that turn FSDP2 on for a multi-rank run. `pool_trainer_class`
-is AsyncGRPOTrainer with two changes:
+`fsdp_args` are the TrainingArguments that turn FSDP2 on for a multi-rank run.
+`ShardedOnCpuRanks` fixes accelerate's CPU ranks: it runs them as plain DDP (it has no FSDP
+branch for CPU), so the CPU ranks of a sharded run are switched to FSDP2 after the accelerator
+is made, and a CPU run shards, gathers and saves as a GPU run does.
 
-- accelerate runs CPU ranks as plain DDP (it has no FSDP branch for CPU); the CPU ranks of a
-  sharded run are switched to FSDP2 after the accelerator is made, so a CPU run shards, gathers
-  and saves as a GPU run does;
-- its weight sync goes to the pool: every rank gathers what rank 0 sends (each full tensor is a
-  collective all ranks run in the same order), a whole bucket before its transfer starts (TRL's
-  own sync interleaves the two and hangs, trl#7103); with LoRA only the adapter is gathered and
-  sent (the actors merge it into their base weights); then the parity probe, whose forward every
-  rank joins.
+`send_to_pool` is one weight sync from whatever the trainer holds: every rank gathers what rank 0
+sends (each full tensor is a collective all ranks run in the same order), a whole bucket before
+its transfer starts (TRL's own sync interleaves the two and hangs, trl#7103); with LoRA only the
+adapter is gathered and sent (the actors merge it into their base weights); then the parity
+probe, whose forward every rank joins. `pool_trainer_class` (streaming) and `sync.py` (sync
+mode) both sync through it.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from functools import cache
 
 from trainers.trl_adapter.lora import adapter_for_sync
@@ -34,61 +36,100 @@ def fsdp_args() -> dict:
     return {"fsdp": True, "fsdp_config": config}
 
 
-@cache
-def pool_trainer_class():
-    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
-    from trl.experimental.async_grpo import AsyncGRPOTrainer
+class ShardedOnCpuRanks:
+    """Mixin for a TRL trainer: CPU ranks of a run with `fsdp_args` shard with FSDP2 too."""
+
+    def create_accelerator_and_postprocess(self):
+        from accelerate.state import PartialState
+        from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+        super().create_accelerator_and_postprocess()
+        state = self.accelerator.state
+        plugin_args = self.args.fsdp_plugin_args
+        if state.distributed_type == DistributedType.MULTI_CPU and plugin_args:
+            state.distributed_type = DistributedType.FSDP
+            # Where accelerate itself keeps it for a GPU FSDP run: a later AcceleratorState()
+            # (trl.GRPOTrainer makes some before it prepares the model) copies it from there.
+            PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+            state.fsdp_plugin = FullyShardedDataParallelPlugin(**plugin_args)
+            self.is_fsdp_enabled = True
+
+
+def full_parameters(model, device) -> Iterator[tuple[str, object]]:
+    """(name, full tensor on `device`) of every parameter the actors hold, one at a time: a
+    sharded parameter is gathered (a collective) when the iterator reaches it and freed when it
+    moves on, so the whole model is never gathered at once."""
+    from torch.distributed.tensor import DTensor
     from trl.experimental.async_grpo.async_grpo_trainer import _iter_vllm_named_params
 
-    class PoolAsyncGRPOTrainer(AsyncGRPOTrainer):
-        """AsyncGRPOTrainer whose sync goes to the RolloutPool (see the module's docstring)."""
+    for name, param in _iter_vllm_named_params(model):
+        full = param.full_tensor() if isinstance(param, DTensor) else param.detach()
+        yield name, full.to(device) if full.device != device else full
+
+
+def send_to_pool(
+    accelerator, model, transfer, lora: bool, probe=None, feed=None
+) -> tuple[float, float]:
+    """One weight sync of `model` (the unwrapped trainer model) through `transfer` (rank 0's
+    PoolWeightTransfer; other ranks may pass None), which every rank calls together. `feed`
+    (rank_feed.RankFeed, colocated ranks): each rank sends to the actor beside it. Returns the
+    times the actors were paused and the transfer ended."""
+    from trl.experimental.async_grpo.async_grpo_trainer import _iter_vllm_named_params
+
+    main = accelerator.is_main_process
+    if main:
+        transfer.pause()
+    accelerator.wait_for_everyone()
+    t_paused = time.time()
+    if feed is not None:
+        named = full_parameters(model, accelerator.device) if not lora else None
+        specs = None if lora else [(n, tuple(p.shape)) for n, p in _iter_vllm_named_params(model)]
+        feed.send(accelerator, model, transfer, lora, named, specs)
+    elif lora:
+        adapter = adapter_for_sync(model)  # every rank: the gathers are collectives
+        if main:
+            transfer.send_adapter(adapter)
+    else:
+        named = full_parameters(model, accelerator.device)
+        if accelerator.num_processes == 1:
+            transfer.send_weights(named)
+        elif main:
+            specs = [(n, tuple(p.shape)) for n, p in _iter_vllm_named_params(model)]
+            transfer.send_weights(named, specs=specs, device=accelerator.device)
+        else:
+            for _ in named:  # the same gathers, in the same order, as rank 0's
+                pass
+    t_sent = time.time()
+    accelerator.wait_for_everyone()
+    if main:
+        transfer.resume()
+    if probe is not None:
+        probe.run(accelerator, transfer if main else None)
+    return t_paused, t_sent
+
+
+@cache
+def pool_trainer_class():
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+    class PoolAsyncGRPOTrainer(ShardedOnCpuRanks, AsyncGRPOTrainer):
+        """AsyncGRPOTrainer whose sync goes to the RolloutPool, across ranks (`send_to_pool`)."""
 
         lora = False
         parity = None  # the ParityProbe, attached by the builder
-
-        def create_accelerator_and_postprocess(self):
-            super().create_accelerator_and_postprocess()
-            state = self.accelerator.state
-            plugin_args = self.args.fsdp_plugin_args
-            if state.distributed_type == DistributedType.MULTI_CPU and plugin_args:
-                state.distributed_type = DistributedType.FSDP
-                state.fsdp_plugin = FullyShardedDataParallelPlugin(**plugin_args)
-                self.is_fsdp_enabled = True
+        feed = None  # colocated ranks: each rank's RankFeed
 
         def _sync_weight_merged(self, t0: float):
-            accelerator = self.accelerator
-            main = accelerator.is_main_process
-            model = accelerator.unwrap_model(self.model)
-            if main:
-                self.weight_transfer.pause()
-            t_pause = time.time()
-            accelerator.wait_for_everyone()
-            t_barrier = time.time()
-            if self.lora:
-                adapter = adapter_for_sync(model)  # every rank: the gathers are collectives
-                if main:
-                    self.weight_transfer.send_adapter(adapter)
-            elif accelerator.num_processes == 1:
-                if main:
-                    self.weight_transfer.send_weights(self._streaming_iter())
-            else:
-                named = self._streaming_iter()
-                if main:
-                    specs = [(n, tuple(p.shape)) for n, p in _iter_vllm_named_params(model)]
-                    self.weight_transfer.send_weights(named, specs=specs, device=accelerator.device)
-                else:
-                    for _ in named:  # the same gathers, in the same order, as rank 0's
-                        pass
-            t_transfer = time.time()
-            accelerator.wait_for_everyone()
-            if main:
-                self.weight_transfer.resume()
-            if self.parity is not None:
-                self.parity.run(accelerator, self.weight_transfer if main else None)
-            if main:
+            model = self.accelerator.unwrap_model(self.model)
+            transfer = self.weight_transfer if self.accelerator.is_main_process else None
+            t_paused, t_sent = send_to_pool(
+                self.accelerator, model, transfer, self.lora, self.parity, self.feed
+            )
+            if self.accelerator.is_main_process:
                 self.model_version += 1
                 if self.rollout_worker:
                     self.rollout_worker.update_model_version(self.model_version)
-            return t_pause, t_barrier, t_transfer
+            # TRL logs pause, barrier and transfer; the pause is inside the first here.
+            return t_paused, t_paused, t_sent
 
     return PoolAsyncGRPOTrainer

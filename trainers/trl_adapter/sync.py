@@ -4,30 +4,38 @@ for each step's groups; generation and training alternate.
 `trainer_for_job` wires it: the `rollout_func` (prompts -> groups on the pool -> completions and
 their logprobs; TRL scores them itself), and before each generation that follows an optimizer
 step a weight sync through the pool's weight transfer (`weight_sync.py`).
+
+Across ranks (FSDP2) every rank calls `rollout_func` with its share of the step's prompts, and a
+group may straddle two ranks: rank 0 gathers every rank's prompts (in rank order they are the
+sampler's order, each prompt repeated num_generations times), generates the groups on the pool
+and hands each rank the completions of its own prompts. Every rank takes part in the weight
+sync before it (`sharded.send_to_pool`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from rollout.engine.sampling_params import SamplingParams
 from rollout.prompts import PromptFormatter
 from trainers.trl_adapter.args import trl_args, trl_config
-from trainers.trl_adapter.lora import adapter_for_sync, peft_config_for
+from trainers.trl_adapter.lora import peft_config_for
+from trainers.trl_adapter.sharded import ShardedOnCpuRanks, fsdp_args, send_to_pool
 
 if TYPE_CHECKING:
     from trainers.job.config import JobConfig
     from trainers.trl_adapter.builder import JobInputs
 
 
-def trainer_for_job(job: JobInputs, sampling: SamplingParams, transfer, probe=None):
+def trainer_for_job(job: JobInputs, sampling: SamplingParams, transfer, probe=None, feed=None):
     """The job's trl.GRPOTrainer, generating through the pool (`probe`: the parity check after
-    each sync)."""
+    each sync; `feed`: colocated ranks, each sending to its own actor)."""
     config = job.config
     before_generation = WeightsBeforeGeneration(
-        transfer, probe, lora=config.trainer.lora is not None
+        transfer, probe, lora=config.trainer.lora is not None, feed=feed
     )
     rollout_func = make_rollout_func(
         job.pool,
@@ -39,6 +47,8 @@ def trainer_for_job(job: JobInputs, sampling: SamplingParams, transfer, probe=No
         episode_limits=config.episode_limits(),
     )
     args = trl_args(config, job.out, job.on_cpu) | sync_trl_args(config)
+    if job.num_processes > 1:
+        args |= fsdp_args()
     return build_sync_trainer(
         job.model_path,
         job.tokenizer,
@@ -52,13 +62,12 @@ def trainer_for_job(job: JobInputs, sampling: SamplingParams, transfer, probe=No
 
 def sync_trl_args(config: JobConfig) -> dict:
     """What GRPOConfig takes on top of `trl_args`: trl.GRPOTrainer pads each forward to its
-    longest sample, so a step's samples go in `sync_micro_batch`-sized forwards; it scores the
-    groups itself, so it gets the reward weights."""
+    longest sample, so each rank's share of a step's samples goes in `sync_micro_batch`-sized
+    forwards; it scores the groups itself, so it gets the reward weights."""
     t = config.trainer
-    samples = t.prompts_per_step * t.num_generations
     args = dict(
         per_device_train_batch_size=config.sync_micro_batch,
-        gradient_accumulation_steps=samples // config.sync_micro_batch,
+        gradient_accumulation_steps=config.samples_per_rank // config.sync_micro_batch,
         model_init_kwargs={"dtype": t.dtype},
     )
     if config.reward_weights is not None:
@@ -69,9 +78,9 @@ def sync_trl_args(config: JobConfig) -> dict:
 def build_sync_trainer(
     model_path: str, tokenizer, dataset, reward_funcs, rollout_func, args: dict, peft_config=None
 ):
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
-    return GRPOTrainer(
+    return sync_trainer_class()(
         model=model_path,
         reward_funcs=reward_funcs,
         args=trl_config(GRPOConfig, args),
@@ -82,28 +91,35 @@ def build_sync_trainer(
     )
 
 
+@cache
+def sync_trainer_class():
+    from trl import GRPOTrainer
+
+    class PoolGRPOTrainer(ShardedOnCpuRanks, GRPOTrainer):
+        """trl.GRPOTrainer whose CPU ranks shard like GPU ranks (`sharded.ShardedOnCpuRanks`)."""
+
+    return PoolGRPOTrainer
+
+
 class WeightsBeforeGeneration:
     """Sends the trainer's weights (with LoRA: its adapter) to the pool when the trainer has
     stepped since the last send, so every generation runs under the weights the trainer
-    holds; then the parity probe."""
+    holds; then the parity probe. Every rank calls it (rank 0 holds the transfer)."""
 
-    def __init__(self, transfer, probe=None, lora: bool = False) -> None:
+    def __init__(self, transfer, probe=None, lora: bool = False, feed=None) -> None:
         self.transfer = transfer
         self.probe = probe
         self.lora = lora
+        self.feed = feed
         self.synced_step = 0
 
     def __call__(self, trainer) -> None:
         step = trainer.state.global_step
         if step > self.synced_step:
-            self.transfer.pause()
-            if self.lora:
-                self.transfer.send_adapter(adapter_for_sync(trainer.model))
-            else:
-                self.transfer.send_weights(trainer.model.named_parameters())
-            self.transfer.resume()
-            if self.probe is not None:
-                self.probe.run(transfer=self.transfer)
+            accelerator = trainer.accelerator
+            model = accelerator.unwrap_model(trainer.model)
+            transfer = self.transfer if accelerator.is_main_process else None
+            send_to_pool(accelerator, model, transfer, self.lora, self.probe, self.feed)
             self.synced_step = step
 
 
@@ -123,12 +139,15 @@ def make_rollout_func(
     the `environment` reward)."""
     row_of = {_key(r["prompt"]): r for r in rows} if rows is not None else {}
 
-    def rollout_func(prompts: list, trainer: Any) -> dict[str, list]:
-        before_generation(trainer)  # the pool generates with the trainer's current weights
-        num_generations = trainer.args.num_generations
+    def generate(prompts: list, num_generations: int) -> dict[str, list]:
         groups = []
         for start in range(0, len(prompts), num_generations):
             prompt = prompts[start]
+            if any(p != prompt for p in prompts[start : start + num_generations]):
+                raise RuntimeError(  # TRL's sampler repeats each prompt num_generations times
+                    "trl.GRPOTrainer handed the rollout prompts that are not runs of "
+                    f"{num_generations} equal prompts; this trainer version is not supported"
+                )
             params = dataclasses.replace(sampling, n=num_generations)
             if environment is None:
                 groups.append(pool.submit(formatter.prompt_ids(prompt), params))
@@ -161,6 +180,30 @@ def make_rollout_func(
                     out["env_mask"].append(sample.completion_mask)
                     out["env_reward"].append(sample.reward)
         return out
+
+    def rollout_func(prompts: list, trainer: Any) -> dict[str, list]:
+        before_generation(trainer)  # the pool generates with the trainer's current weights
+        num_generations = trainer.args.num_generations
+        accelerator = trainer.accelerator
+        if accelerator.num_processes == 1:
+            return generate(prompts, num_generations)
+        from accelerate.utils import broadcast_object_list, gather_object
+
+        counts = gather_object([len(prompts)])
+        everyone = gather_object(list(prompts))  # rank order: the sampler's order
+        out, failure = None, None
+        if accelerator.is_main_process:
+            try:
+                out = generate(everyone, num_generations)
+            except Exception as err:  # every rank ends with rank 0's error, none waits on it
+                failure, out = err, {"error": f"{type(err).__name__}: {err}"}
+        out = broadcast_object_list([out], from_process=0)[0]
+        if failure is not None:
+            raise failure
+        if "error" in out:
+            raise RuntimeError(f"rank 0's rollout failed: {out['error']}")
+        start = sum(counts[: accelerator.process_index])
+        return {key: rows[start : start + len(prompts)] for key, rows in out.items()}
 
     return rollout_func
 
