@@ -56,6 +56,10 @@ class FinishedSample:
     episode_status: str | None = None
     """Multi-turn: "done", "max_turns", "max_tokens", "tool_error", "tool_timeout", ..."""
     num_turns: int = 0
+    token_versions: list[tuple[int, int]] | None = None
+    """The weight version of every generated token, run-length coded: (tokens, version) runs in
+    order, summing to len(token_ids). None for a multi-turn episode (whose turns are separate
+    engine requests): only `weight_versions` is known there."""
 
 
 @dataclass

@@ -122,7 +122,9 @@ class RolloutWorker:
 
     def receive_weights(self, manifest: WeightManifest, version: int) -> float:
         """Receive a broadcast of new weights at a step boundary; returns seconds spent."""
-        return self.run_between_steps(lambda: self.weights.receive(manifest, version))
+        return self.run_between_steps(
+            lambda: self._versioned(self.weights.receive(manifest, version))
+        )
 
     def check_adapter(self, manifest: AdapterManifest) -> None:
         """Raise (naming the modules) if a LoRA adapter sync with this manifest would not fit."""
@@ -131,7 +133,15 @@ class RolloutWorker:
     def receive_adapter(self, manifest: AdapterManifest, version: int) -> float:
         """Receive a LoRA adapter and merge it into the base weights at a step boundary;
         returns seconds spent."""
-        return self.run_between_steps(lambda: self.weights.receive_adapter(manifest, version))
+        return self.run_between_steps(
+            lambda: self._versioned(self.weights.receive_adapter(manifest, version))
+        )
+
+    def _versioned(self, seconds: float) -> float:
+        """After an update at a step boundary (on the loop thread): the tokens each in-flight
+        sample generated so far were the old weights'; every later one is the new version's."""
+        self._groups.weights_changed(self.weights.version, self.engine.output_lengths())
+        return seconds
 
     def probe(self, prompt_token_ids: list[int], max_tokens: int = 16, seed: int = 0) -> dict:
         """Sample one completion (temperature 1) through the engine, among the running requests,

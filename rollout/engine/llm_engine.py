@@ -198,6 +198,16 @@ class LLMEngine:
         later request reuses KV computed with the old weights."""
         return update_weights(self.model, self._runner.streams, self.reset_prefix_cache, weights)
 
+    def output_lengths(self) -> dict[str, dict[int, int]]:
+        """Tokens each unfinished sample has generated so far, by request id and sample index
+        (a token still being computed on the device counts: its step was launched before
+        anything the caller does now). Read at a weight update, it says how many of each
+        sample's tokens came from the weights before it."""
+        lengths: dict[str, dict[int, int]] = {}
+        for seq in (*self._scheduler.running, *self._scheduler.waiting):
+            lengths.setdefault(seq.request_id, {})[seq.index] = seq.num_output_tokens
+        return lengths
+
     def reset_prefix_cache(self) -> None:
         """Forget the cached KV of finished requests (`update_weights` does it); call it if the
         model's weights change any other way, or later requests would reuse stale KV."""

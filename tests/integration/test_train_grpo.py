@@ -45,8 +45,14 @@ def test_two_grpo_steps_through_ray_actors(tmp_path, policy_dir, prompts_file, m
         "reward_mean_first",
         "reward_mean_last",
         "wandb_dir",
+        "dropped_samples",
+        "dropped_tokens",
     ):
         assert key in written
+    if mode == "streaming":  # what reached the trainer, by the staleness rule
+        assert written["staleness_rule"] == "last_token"
+        assert written["trained_samples"] >= 2 * 2 * 2 and written["trained_mean_length"] > 0
+        assert written["generated_mean_length"] > 0 and written["staleness_per_token"] >= 0
     assert (tmp_path / "run" / "wandb").exists(), "W&B wrote its offline run under the output dir"
 
 

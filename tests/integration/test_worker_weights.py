@@ -154,3 +154,46 @@ def test_a_weight_sync_empties_the_prefix_cache(worker) -> None:
     worker.weights.group = _ReplayGroup(recorded.buckets)
     worker.receive_weights(manifest, version=1)
     assert worker.engine.stats().cached_kv_blocks == 0
+
+
+def test_each_token_carries_the_weight_version_it_was_generated_with(worker) -> None:
+    """Weights change in place mid-sample: its first k tokens are the old model's greedy
+    continuation, the rest the new model's over the KV the old one had computed (every position
+    before the k-th token's), and its token_versions say exactly that: [(k, 0), (rest, 1)]."""
+    from tests.conftest import hf_greedy
+
+    old = tiny_model("llama", seed=4)  # the worker's own weights
+    new = tiny_model("llama", seed=99)
+    named = list(new.named_parameters())
+    manifest = manifest_for(named, torch.float32, bucket_bytes=16 << 10)
+    recorded = _ReplayGroup()
+    send_weights(recorded, manifest, named, torch.device("cpu"))
+
+    prompt = random_prompts((6,), seed=3)[0]
+    length = 60
+    params = SamplingParams(max_tokens=length, n=1, temperature=0.0, ignore_eos=True)
+    worker.add_groups([GroupRequest(11, prompt, params)])
+    while True:  # let it generate a few tokens under the old weights
+        lengths = worker.run_between_steps(worker.engine.output_lengths, timeout=30)
+        if lengths.get("11", {}).get(0, 0) >= 4:
+            break
+    worker.weights.group = _ReplayGroup(recorded.buckets)
+    worker.receive_weights(manifest, version=1)
+    samples = []
+    while not samples:
+        samples += worker.poll(timeout=30.0)
+    (sample,) = samples
+    runs = sample.token_versions
+    assert [v for _, v in runs] == [0, 1] and sum(n for n, _ in runs) == length, runs
+    k = runs[0][0]
+    assert 4 <= k < length
+    tokens = sample.token_ids
+    assert tokens[:k] == hf_greedy(old, prompt, k)
+    with torch.no_grad():
+        cache = old(input_ids=torch.tensor([prompt + tokens[: k - 1]])).past_key_values
+        expected, token = [], tokens[k - 1]
+        for _ in range(length - k):
+            out = new(input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True)
+            cache, token = out.past_key_values, int(out.logits[0, -1].argmax())
+            expected.append(token)
+    assert tokens[k:] == expected

@@ -22,6 +22,10 @@ from trainers.job.config_checks import (
 _PROMPT_TOKENS = 128  # a prompt's length, as estimated for sizing a step's rows
 
 
+STALENESS_RULES = ("last_token", "mean_token", "first_token")
+"""The choices of `trainer.staleness` (trainers/trl_adapter/staleness.py reads them)."""
+
+
 @dataclass(frozen=True)
 class DatasetConfig:
     source: str = "arithmetic"
@@ -93,7 +97,13 @@ class TrainerConfig:
     """Sampling temperature of the rollouts (and of the trainer's logprobs); > 0: greedy
     sampling would make the G samples of a prompt equal, and GRPO learns from their differences."""
     max_staleness: int = 2
-    """Streaming: samples generated more than this many weight versions ago are dropped."""
+    """Streaming: a sample more than this many weight versions behind the trainer's when it
+    reaches the trainer is dropped (its age as `staleness` measures it)."""
+    staleness: str = "last_token"
+    """Streaming: a sample's weight version, as the drop rule reads it (weights change in place,
+    so a long sample's tokens come from several versions). "last_token": its newest token's (a
+    sample is never dropped for being long); "mean_token": the mean over its tokens;
+    "first_token": its oldest token's (drops long samples first)."""
     weight_sync_steps: int = 1
     """Streaming: optimizer steps between weight syncs to the rollout actors."""
     token_budget: int | None = None
@@ -154,6 +164,7 @@ class TrainerConfig:
         if self.temperature < 0:
             refuse(k + "temperature", self.temperature, "must be > 0 (0.7-1.0 are usual)")
         at_least(k + "max_staleness", self.max_staleness, 0, " (0: only the newest weights)")
+        one_of(k + "staleness", self.staleness, STALENESS_RULES)
         at_least(k + "weight_sync_steps", self.weight_sync_steps, 1)
         at_least(k + "token_budget", self.token_budget, 1, " or null")
         at_least(k + "gradient_accumulation_steps", self.gradient_accumulation_steps, 1, " or null")

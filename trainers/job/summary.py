@@ -61,6 +61,8 @@ def job_summary(
             default=None,
         ),
         "error_samples": built.error_samples,
+        "staleness_rule": config.trainer.staleness if config.trainer.mode == "streaming" else None,
+        **built.staleness_counts(),
         "wandb_dir": str(out / "wandb"),
         "mode": config.trainer.mode,
         "num_actors": placement.num_actors,  # started; actors_at_end and actor_deaths follow

@@ -96,6 +96,13 @@ class BuiltTrainer:
             self.rewards.read_from_trl_log(self.trainer.state.log_history)
         return self.rewards
 
+    def staleness_counts(self) -> dict:
+        """Streaming: samples and tokens handed to the trainer and dropped as too stale, their
+        mean lengths, and the tokens' mean staleness. Sync mode drops nothing."""
+        if self.worker is None:
+            return {"dropped_samples": 0, "dropped_tokens": 0}
+        return self.worker.rollout_buffer.counts.summary()
+
     @property
     def error_samples(self) -> int:
         return self.worker.error_samples if self.worker is not None else 0

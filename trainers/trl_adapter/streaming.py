@@ -28,6 +28,7 @@ from trainers.task.scoring import score_group
 from trainers.trl_adapter.args import trl_args, trl_config
 from trainers.trl_adapter.lora import peft_config_for
 from trainers.trl_adapter.sharded import fsdp_args, pool_trainer_class
+from trainers.trl_adapter.staleness import StalenessGate, sample_version, trl_version
 from trainers.trl_adapter.tree_attention import TREE_ATTENTION_NAME, register_tree_attention
 
 if TYPE_CHECKING:
@@ -52,6 +53,8 @@ def trainer_for_job(job: JobInputs, sampling: SamplingParams, transfer, rewards:
         reward_weights=list(weights) if weights is not None else None,
         environment=job.config.environment.name,
         episode_limits=job.config.episode_limits(),
+        max_staleness=job.config.trainer.max_staleness,
+        staleness=job.config.trainer.staleness,
     )
     args = trl_args(job.config, job.out, job.on_cpu) | streaming_trl_args(job.config)
     if job.num_processes > 1:
@@ -70,6 +73,7 @@ def trainer_for_job(job: JobInputs, sampling: SamplingParams, transfer, rewards:
     # The trainer counts weight versions like the pool: a resumed run continues them, so the
     # staleness of its samples is counted as before. Ranks other than 0 have no pool.
     trainer.model_version = job.pool.version if job.pool is not None else 0
+    worker.update_model_version(trainer.model_version)
     return trainer, worker
 
 
@@ -127,6 +131,8 @@ class PoolRolloutWorker:
     scores each completed group and pushes one RolloutSample per sample into `rollout_buffer`.
     A sample that ended in an error (finish_reason "error") is counted and never trained on; if
     the first group's samples all end in errors, the worker stops with the first one's message.
+    `rollout_buffer` is a `staleness.StalenessGate`: each sample carries its version by the
+    `staleness` rule, and one too old when the trainer takes it is dropped and counted there.
     """
 
     def __init__(
@@ -142,6 +148,8 @@ class PoolRolloutWorker:
         reward_weights: list[float] | None = None,
         environment: str | None = None,
         episode_limits=None,
+        max_staleness: int = 2,
+        staleness: str = "last_token",
     ) -> None:
         self.pool = pool
         self.dataset = dataset
@@ -150,13 +158,16 @@ class PoolRolloutWorker:
         self.sampling = sampling
         self.max_inflight_groups = max_inflight_groups
         self.on_group = on_group
-        self.rollout_buffer: queue.Queue = queue.Queue()
         self.metrics_queue: queue.Queue = queue.Queue()
+        self.staleness = staleness
+        self.model_version = 0
+        self.rollout_buffer = StalenessGate(
+            max_staleness, lambda: self.model_version, self.metrics_queue
+        )
         self.reward_weights = reward_weights
         self.environment = environment
         """Multi-turn: each group's episodes run this environment on its row (rollout side)."""
         self.episode_limits = episode_limits
-        self.model_version = 0
         self.start_cursor = start_cursor  # the dataset row of this run's group 0 (resume)
         self.cursor = start_cursor  # next dataset row to submit
         self.good_samples = 0
@@ -215,8 +226,8 @@ class PoolRolloutWorker:
                 except queue.Empty:
                     continue
                 row = rows.pop(group.group_id)
-                for sample in self._samples(group, row):
-                    self.rollout_buffer.put(sample)
+                for sample, version, tokens in self._samples(group, row):
+                    self.rollout_buffer.put_sample(sample, version, tokens)
                 self._last_progress = time.time()
         except BaseException as err:  # noqa: BLE001 - surfaced by check_health
             self._error = err
@@ -239,7 +250,9 @@ class PoolRolloutWorker:
             )
         return good
 
-    def _samples(self, group, row: dict) -> list:
+    def _samples(self, group, row: dict) -> list[tuple[Any, float, int]]:
+        """The group's trainable samples as (RolloutSample, version by the staleness rule,
+        completion tokens)."""
         usable = self._usable(group)
         self.metrics_queue.put({"rollout/error_samples": float(len(group.samples) - len(usable))})
         if len(usable) < 2:  # no advantage without two samples to compare
@@ -266,21 +279,22 @@ class PoolRolloutWorker:
         if self.environment is not None:
             metrics["episodes/turns"] = float(np.mean([s.num_turns for s in usable]))
             metrics["episodes/done"] = float(np.mean([s.episode_status == "done" for s in usable]))
-        samples = [
-            rollout_sample(
+        samples = []
+        for s, completion, advantage in zip(usable, completions, scored.advantages, strict=True):
+            own = sample_version(s.token_versions, s.weight_versions, self.staleness)
+            sample = rollout_sample(
                 row["prompt"],
                 completion,
                 s.prompt_token_ids,
                 s.token_ids,
                 s.logprobs,
                 float(advantage),
-                version,
+                trl_version(own),
                 group.group_id,
                 metrics,
                 completion_mask=s.completion_mask,
             )
-            for s, completion, advantage in zip(usable, completions, scored.advantages, strict=True)
-        ]
+            samples.append((sample, own, len(s.token_ids)))
         if self.on_group is not None:
             self.on_group({"group": group, "rewards": scored.rewards, "metrics": metrics})
         self.metrics_queue.put(
