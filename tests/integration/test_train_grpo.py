@@ -28,10 +28,15 @@ def test_two_grpo_steps_through_ray_actors(tmp_path, policy_dir, prompts_file, m
             "trainer.prompts_per_step=2",
             "trainer.max_completion_length=8",
             "rollout.engine={max_model_len: 64, max_num_seqs: 16, num_kv_blocks: 64, block_size: 8}",
+            # each mode with a correction (the other jobs run without)
+            f"trainer.off_policy_correction={'token_tis' if mode == 'streaming' else 'sequence_mis'}",
         ],
     )
     summary = run_job(config)
     assert summary["steps"] == 2
+    mismatch = summary["off_policy"]  # each step's rollout/trainer mismatch, over the run
+    assert mismatch is not None and 0 <= mismatch["ratio_mean"] <= mismatch["ratio_max"]
+    assert abs(mismatch["kl"]) < 1.0
     assert summary["sequences"] >= 2 * 2 * 2
     assert summary["rollout_tokens_per_s"] > 0
     assert summary["weight_syncs"] >= 1, "trained weights went back to the actors"

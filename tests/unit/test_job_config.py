@@ -477,6 +477,11 @@ def test_lora_from_a_file_with_a_list_of_targets(tmp_path) -> None:
         ),
         (["trainer.num_processes=0"], "trainer.num_processes=0: must be >= 1"),
         (
+            ["trainer.off_policy_correction=tis"],
+            "trainer.off_policy_correction=tis: must be none, token_tis or sequence_mis",
+        ),
+        (["trainer.off_policy_cap=1"], "trainer.off_policy_cap=1: must be > 1 (2.0 is usual)"),
+        (
             ["trainer.staleness=oldest"],
             "trainer.staleness=oldest: must be last_token, mean_token or first_token",
         ),

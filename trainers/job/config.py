@@ -24,6 +24,8 @@ _PROMPT_TOKENS = 128  # a prompt's length, as estimated for sizing a step's rows
 
 STALENESS_RULES = ("last_token", "mean_token", "first_token")
 """The choices of `trainer.staleness` (trainers/trl_adapter/staleness.py reads them)."""
+OFF_POLICY_CORRECTIONS = ("none", "token_tis", "sequence_mis")
+"""The choices of `trainer.off_policy_correction` (trainers/trl_adapter/off_policy.py)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,14 @@ class TrainerConfig:
     so a long sample's tokens come from several versions). "last_token": its newest token's (a
     sample is never dropped for being long); "mean_token": the mean over its tokens;
     "first_token": its oldest token's (drops long samples first)."""
+    off_policy_correction: str = "none"
+    """How the loss corrects for tokens sampled by other weights than the trainer's (older
+    versions, another kernel and dtype): "none" (TRL's PPO ratio against the rollout's
+    logprobs), "token_tis" (each token weighted by min(pi_trainer / pi_rollout, cap)) or
+    "sequence_mis" (samples whose whole-sequence ratio is outside [1/cap, cap] left out). Both
+    modes; no extra forward. Every step logs the mismatch (off_policy/* in W&B) either way."""
+    off_policy_cap: float = 2.0
+    """The cap of trainer.off_policy_correction (> 1)."""
     weight_sync_steps: int = 1
     """Streaming: optimizer steps between weight syncs to the rollout actors."""
     token_budget: int | None = None
@@ -165,6 +175,9 @@ class TrainerConfig:
             refuse(k + "temperature", self.temperature, "must be > 0 (0.7-1.0 are usual)")
         at_least(k + "max_staleness", self.max_staleness, 0, " (0: only the newest weights)")
         one_of(k + "staleness", self.staleness, STALENESS_RULES)
+        one_of(k + "off_policy_correction", self.off_policy_correction, OFF_POLICY_CORRECTIONS)
+        if not self.off_policy_cap > 1:
+            refuse(k + "off_policy_cap", self.off_policy_cap, "must be > 1 (2.0 is usual)")
         at_least(k + "weight_sync_steps", self.weight_sync_steps, 1)
         at_least(k + "token_budget", self.token_budget, 1, " or null")
         at_least(k + "gradient_accumulation_steps", self.gradient_accumulation_steps, 1, " or null")

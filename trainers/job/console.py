@@ -28,6 +28,8 @@ def step_line(logs: dict, step: int, max_steps: int, step_s: float | None) -> st
         parts.append(f"rollout {throughput:,.0f} tok/s")
     if "rollout/staleness" in logs:
         parts.append(f"staleness {logs['rollout/staleness']:.1f}")
+    if "off_policy/kl" in logs:  # KL(rollout || trainer) on the step's tokens
+        parts.append(f"kl {logs['off_policy/kl']:.3f}")
     if logs.get("rollout/dropped_samples_total"):  # too stale when the trainer took them
         parts.append(f"dropped {logs['rollout/dropped_samples_total']:.0f} stale")
     if "rollout/error_samples" in logs and logs["rollout/error_samples"]:

@@ -62,9 +62,25 @@ def job_summary(
         ),
         "error_samples": built.error_samples,
         "staleness_rule": config.trainer.staleness if config.trainer.mode == "streaming" else None,
+        "off_policy_correction": config.trainer.off_policy_correction,
+        "off_policy": off_policy_figures(trainer.state.log_history),
         **built.staleness_counts(),
         "wandb_dir": str(out / "wandb"),
         "mode": config.trainer.mode,
         "num_actors": placement.num_actors,  # started; actors_at_end and actor_deaths follow
         "config": to_dict(config),
     }
+
+
+def off_policy_figures(log_history: list[dict]) -> dict | None:
+    """The rollout/trainer mismatch over the run from each step's `off_policy/*` log: the mean
+    of each figure, and the largest ratio seen (None when nothing was logged)."""
+    keys = sorted({k for entry in log_history for k in entry if k.startswith("off_policy/")})
+    if not keys:
+        return None
+    figures = {}
+    for key in keys:
+        values = [entry[key] for entry in log_history if entry.get(key) is not None]
+        name = key.split("/", 1)[1]
+        figures[name] = max(values) if name.endswith("_max") else sum(values) / len(values)
+    return figures

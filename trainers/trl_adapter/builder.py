@@ -134,5 +134,6 @@ def build_trainer(job: JobInputs) -> BuiltTrainer:
         trainer.feed = feed
     else:
         trainer = sync.trainer_for_job(job, sampling, transfer, probe, feed)
+    trainer.off_policy = (t.off_policy_correction, t.off_policy_cap)
     probe.attach(trainer.model)
     return BuiltTrainer(trainer, transfer, rewards, worker)
