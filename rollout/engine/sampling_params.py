@@ -34,6 +34,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     """Strings that end a sample once its decoded output contains one (the tokens that made it
     are kept): a tool call's closing tag, say. Needs an engine with a tokenizer."""
+    sample_lengths: tuple[int, ...] | None = None
+    """Most tokens of each of the n samples, by sample (each <= max_tokens): with ignore_eos, a
+    benchmark's planned lengths, since random weights rarely end a sample on their own."""
 
     def __post_init__(self) -> None:
         _require(
@@ -86,6 +89,16 @@ class SamplingParams:
             self.stop,
         )
         object.__setattr__(self, "stop", stop_strings)
+        if self.sample_lengths is not None:
+            lengths = tuple(self.sample_lengths)
+            _require(
+                len(lengths) == self.n
+                and all(_is_int(x) and 1 <= x <= self.max_tokens for x in lengths),
+                "sample_lengths",
+                f"must hold n={self.n} ints in [1, max_tokens={self.max_tokens}]",
+                self.sample_lengths,
+            )
+            object.__setattr__(self, "sample_lengths", lengths)
 
     @property
     def greedy(self) -> bool:

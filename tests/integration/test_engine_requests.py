@@ -231,3 +231,27 @@ def test_stop_strings_without_a_tokenizer_are_an_error_result() -> None:
     )
     (done,) = engine.generate([[3, 4, 5]], SamplingParams(max_tokens=4, stop=("x",)))
     assert done.finish_reason == "error" and "tokenizer" in done.error
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_each_sample_stops_at_its_own_planned_length(model, overlap: bool) -> None:
+    """sample_lengths (a benchmark's planned lengths): each of a group's samples ends with
+    "length" at its own count, the forks after the shared prompt included; the tokens are the
+    same as the group's without the plan, cut at those counts (same seed)."""
+    engine = engine_for(model, SMALL_POOL, overlap=overlap, num_kv_blocks=64)
+    prompt = random_prompts((5,), seed=2)[0]
+    lengths = (1, 9, 3, 16)
+    planned = SamplingParams(
+        max_tokens=16, n=4, seed=7, ignore_eos=True, sample_lengths=lengths, temperature=1.0
+    )
+    free = SamplingParams(max_tokens=16, n=4, seed=7, ignore_eos=True, temperature=1.0)
+    cut = engine.generate([prompt], planned)
+    full = engine.generate([prompt], free)
+    assert [len(c.token_ids) for c in cut] == list(lengths)
+    assert all(c.finish_reason == "length" for c in cut)
+    for short, whole in zip(cut, full, strict=True):
+        assert short.token_ids == whole.token_ids[: len(short.token_ids)]
+    with pytest.raises(ValueError, match="sample_lengths must hold n=4 ints in"):
+        SamplingParams(max_tokens=16, n=4, sample_lengths=(1, 2, 3))
+    with pytest.raises(ValueError, match="max_tokens=16"):
+        SamplingParams(max_tokens=16, n=2, sample_lengths=(1, 17))

@@ -242,7 +242,12 @@ _ALL_FIELDS = list(_leaf_fields(JobConfig)) + [
 # A wrong value for each kind of field: not a number, not a bool, not a string.
 _WRONG = {"int": "abc", "float": "[1, 2]", "bool": "maybe", "str": "[a, b]"}
 # What turns each optional section on, so that a wrong value inside it is what gets refused.
-_SECTION_ON = {"trainer.lora.": ["trainer.lora.r=8"]}
+_SECTION_ON = {
+    "trainer.lora.": ["trainer.lora.r=8"],
+    "rollout.planned_lengths.": [
+        "rollout.planned_lengths={median: 8, sigma: 1.0, min: 2, max: 16}"
+    ],
+}
 
 
 def _turned_on(key: str) -> list[str]:
@@ -481,6 +486,18 @@ def test_lora_from_a_file_with_a_list_of_targets(tmp_path) -> None:
             "trainer.off_policy_correction=tis: must be none, token_tis or sequence_mis",
         ),
         (["trainer.off_policy_cap=1"], "trainer.off_policy_cap=1: must be > 1 (2.0 is usual)"),
+        (
+            ["rollout.planned_lengths={median: 20, sigma: 1, min: 4, max: 480}"],
+            "rollout.planned_lengths.max=480: above trainer.max_completion_length=48",
+        ),
+        (
+            ["rollout.planned_lengths={median: 20, sigma: 1, min: 9, max: 4}"],
+            "rollout.planned_lengths.max=4: must be >= rollout.planned_lengths.min=9",
+        ),
+        (
+            ["rollout.planned_lengths.median=20"],
+            "rollout.planned_lengths.sigma is required when rollout.planned_lengths is given",
+        ),
         (
             ["trainer.staleness=oldest"],
             "trainer.staleness=oldest: must be last_token, mean_token or first_token",

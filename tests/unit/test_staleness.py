@@ -128,3 +128,17 @@ def test_token_versions_follow_each_update_a_sample_lived_through() -> None:
     # Sample 1 had not started (a fork still pending) at the first update.
     assert token_versions(0, updates, 1, 8) == [(5, 1), (3, 2)]
     assert token_versions(4, [], 0, 7) == [(7, 4)]
+
+
+def test_planned_lengths_draw_each_samples_length_clipped_and_seeded() -> None:
+    from trainers.trl_adapter.planned_lengths import PlannedLengths
+
+    sampling = SamplingParams(max_tokens=512, n=64, temperature=1.0)
+    first = PlannedLengths(24, 1.2, 4, 512, seed=3).params_for(sampling)
+    again = PlannedLengths(24, 1.2, 4, 512, seed=3).params_for(sampling)
+    assert first.sample_lengths == again.sample_lengths and first.ignore_eos
+    lengths = sorted(first.sample_lengths)
+    assert len(lengths) == 64 and 4 <= lengths[0] and lengths[-1] <= 512
+    assert lengths[0] < 24 < lengths[-1], "a heavy tail on both sides of the median"
+    fixed = PlannedLengths(10, 0.0, 4, 512).params_for(sampling)
+    assert set(fixed.sample_lengths) == {10}

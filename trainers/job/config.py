@@ -80,6 +80,32 @@ class LoraSettings:
 
 
 @dataclass(frozen=True)
+class PlannedLengths:
+    """`rollout.planned_lengths.*`, benchmark mode: random weights rarely end a sample, so each
+    sample's length is drawn in advance from a lognormal, clipped and rounded; the samples
+    ignore EOS and end there."""
+
+    median: float
+    """The lognormal's median, in tokens."""
+    sigma: float
+    """The lognormal's sigma (0: every sample at the median)."""
+    min: int
+    max: int
+    """The draws are clipped to [min, max] (max at most trainer.max_completion_length)."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        k = "rollout.planned_lengths."
+        check_types(self, k)
+        if not self.median > 0:
+            refuse(k + "median", self.median, "must be > 0 (tokens)")
+        at_least(k + "sigma", self.sigma, 0)
+        at_least(k + "min", self.min, 1)
+        if self.max < self.min:
+            refuse(k + "max", self.max, f"must be >= rollout.planned_lengths.min={self.min}")
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     mode: str = "streaming"
     """"streaming": TRL's AsyncGRPOTrainer fed as groups finish; "sync": trl.GRPOTrainer with
@@ -204,6 +230,9 @@ class RolloutConfig:
     trainer and one actor share a single GPU (NCCL refuses two ranks on one device; the actor maps
     the trainer's buffer and copies on the GPU), "gloo" on CPU (through host memory: it also
     works between GPUs, slowly)."""
+    planned_lengths: PlannedLengths | None = None
+    """Benchmark mode: each sample's length drawn in advance (rollout.planned_lengths.median=2048
+    with sigma, min and max). None: the model ends its samples."""
     layout: str = "auto"
     """Where the trainer and the actors sit on the GPUs. "shared": one GPU holds the trainer (one
     rank) and one actor, weights over CUDA IPC (auto's choice on a one-GPU cluster); "split":
@@ -420,6 +449,19 @@ class JobConfig:
             )
         if t.mode == "sync":
             _check_sync_batches(self)
+        planned = self.rollout.planned_lengths
+        if planned and planned.max > t.max_completion_length:
+            refuse(
+                "rollout.planned_lengths.max",
+                planned.max,
+                f"above trainer.max_completion_length={t.max_completion_length}",
+            )
+        if planned and self.environment.name is not None:
+            refuse(
+                "rollout.planned_lengths.median",
+                planned.median,
+                "plans single-turn samples; an environment's episodes end on their own",
+            )
 
 
 def _check_sync_batches(config: JobConfig) -> None:

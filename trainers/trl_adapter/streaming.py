@@ -27,6 +27,7 @@ from trainers.task.reward_loading import RewardFunctionError
 from trainers.task.scoring import score_group
 from trainers.trl_adapter.args import trl_args, trl_config
 from trainers.trl_adapter.lora import peft_config_for
+from trainers.trl_adapter.planned_lengths import PlannedLengths, planned_lengths
 from trainers.trl_adapter.sharded import fsdp_args, pool_trainer_class
 from trainers.trl_adapter.staleness import StalenessGate, sample_version, trl_version
 from trainers.trl_adapter.tree_attention import TREE_ATTENTION_NAME, register_tree_attention
@@ -55,6 +56,7 @@ def trainer_for_job(job: JobInputs, sampling: SamplingParams, transfer, rewards:
         episode_limits=job.config.episode_limits(),
         max_staleness=job.config.trainer.max_staleness,
         staleness=job.config.trainer.staleness,
+        planned=planned_lengths(job.config.rollout.planned_lengths),
     )
     args = trl_args(job.config, job.out, job.on_cpu) | streaming_trl_args(job.config)
     if job.num_processes > 1:
@@ -150,6 +152,7 @@ class PoolRolloutWorker:
         episode_limits=None,
         max_staleness: int = 2,
         staleness: str = "last_token",
+        planned: PlannedLengths | None = None,
     ) -> None:
         self.pool = pool
         self.dataset = dataset
@@ -160,6 +163,8 @@ class PoolRolloutWorker:
         self.on_group = on_group
         self.metrics_queue: queue.Queue = queue.Queue()
         self.staleness = staleness
+        self.planned = planned
+        """Benchmark mode: each sample's length drawn in advance (planned_lengths.py)."""
         self.model_version = 0
         self.rollout_buffer = StalenessGate(
             max_staleness, lambda: self.model_version, self.metrics_queue
@@ -212,8 +217,11 @@ class PoolRolloutWorker:
                     row = self.dataset[self.cursor % len(self.dataset)]
                     self.cursor += 1
                     if self.environment is None:
+                        params = self.sampling
+                        if self.planned is not None:
+                            params = self.planned.params_for(params)
                         group_id = self.pool.submit(
-                            self.formatter.prompt_ids(row["prompt"]), self.sampling
+                            self.formatter.prompt_ids(row["prompt"]), params
                         )
                     else:  # the environment's reset gives the prompt, on the actor
                         group_id = self.pool.submit(

@@ -24,6 +24,7 @@ from rollout.prompts import PromptFormatter
 from trainers.trl_adapter.args import trl_args, trl_config
 from trainers.trl_adapter.lora import peft_config_for
 from trainers.trl_adapter.off_policy import weighted_advantages
+from trainers.trl_adapter.planned_lengths import planned_lengths
 from trainers.trl_adapter.sharded import ShardedOnCpuRanks, fsdp_args, send_to_pool
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ def trainer_for_job(job: JobInputs, sampling: SamplingParams, transfer, probe=No
         environment=config.environment.name,
         rows=job.dataset if config.environment.name else None,
         episode_limits=config.episode_limits(),
+        planned=planned_lengths(config.rollout.planned_lengths),
     )
     args = trl_args(config, job.out, job.on_cpu) | sync_trl_args(config)
     if job.num_processes > 1:
@@ -145,6 +147,7 @@ def make_rollout_func(
     environment: str | None = None,
     rows=None,
     episode_limits=None,
+    planned=None,
 ):
     """`rollout_func` for trl.GRPOTrainer: prompts arrive repeated num_generations times in a row;
     each run of equal prompts becomes one group on the pool; one completion per received prompt.
@@ -163,6 +166,8 @@ def make_rollout_func(
                     f"{num_generations} equal prompts; this trainer version is not supported"
                 )
             params = dataclasses.replace(sampling, n=num_generations)
+            if planned is not None:  # benchmark mode: each sample's length drawn in advance
+                params = planned.params_for(params)
             if environment is None:
                 groups.append(pool.submit(formatter.prompt_ids(prompt), params))
             else:

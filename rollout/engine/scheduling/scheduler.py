@@ -337,7 +337,6 @@ class Scheduler:
     def _new_sample(self, parent: Sequence, sample_index: int, status: Status) -> Sequence:
         self._next_seq_id += 1
         child = Sequence(
-            token_limit=parent.token_limit,
             seq_id=self._next_seq_id,
             request_id=parent.request_id,
             index=parent.index - parent.sample_index + sample_index,
@@ -350,6 +349,7 @@ class Scheduler:
             first_scheduled_time=parent.first_scheduled_time,
             status=status,
         )
+        child.token_limit = self._token_limit(child)  # its own length, with sample_lengths
         child.block_digests = list(parent.block_digests)  # the shared prompt's
         if parent.ngrams is not None:
             child.ngrams = parent.ngrams
@@ -390,7 +390,9 @@ class Scheduler:
         seq.table_row = -1
 
     def _token_limit(self, seq: Sequence) -> int:
-        return min(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len)
+        lengths = seq.params.sample_lengths
+        new = lengths[seq.sample_index] if lengths else seq.params.max_tokens
+        return min(seq.num_prompt_tokens + new, self.max_model_len)
 
     def _num_resolved(self, seq: Sequence) -> int:
         n = seq.num_tokens
