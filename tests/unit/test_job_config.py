@@ -500,7 +500,7 @@ def test_lora_from_a_file_with_a_list_of_targets(tmp_path) -> None:
         ),
         (
             ["trainer.staleness=oldest"],
-            "trainer.staleness=oldest: must be last_token, mean_token or first_token",
+            "trainer.staleness=oldest: must be last_token, group_last_token, mean_token or first_token",
         ),
         (
             ["trainer.num_processes=3", "trainer.mode=sync", "trainer.prompts_per_step=2"],

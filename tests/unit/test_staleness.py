@@ -43,13 +43,17 @@ def _sample(group_id: int, index: int, runs: list[tuple[int, int]]) -> FinishedS
 
 class _ScriptedPool:
     """Ten short groups (2 samples of 4 tokens, generated at the version the trainer is then
-    at: two groups per step), then the long group, started at version 0 and finished at 5."""
+    at: two groups per step), then the long group, started at version 0 and finished at 5;
+    `sibling`: its second sample is short, done at version 0, waiting for the long one."""
 
-    def __init__(self) -> None:
+    def __init__(self, sibling: bool = False) -> None:
         self.script = [
             [_sample(g, j, [(4, g // 2)]) for j in range(2)] for g in range(10)
         ]  # fmt: skip
-        self.script.append([_sample(10, j, [(100, v) for v in range(6)]) for j in range(2)])
+        long = [_sample(10, j, [(100, v) for v in range(6)]) for j in range(2)]
+        if sibling:
+            long[1] = _sample(10, 1, [(4, 0)])
+        self.script.append(long)
         self.submitted = 0
         self._done: queue.Queue = queue.Queue()
 
@@ -65,7 +69,7 @@ class _ScriptedPool:
         return self._done.get(timeout=timeout)
 
 
-def _run(rule: str) -> tuple[list[int], dict]:
+def _run(rule: str, sibling: bool = False) -> tuple[list[int], dict]:
     """The scripted run under `rule`, consumed as AsyncGRPOTrainer does: four samples a step,
     then a sync (version + 1); returns the lengths handed to the trainer and the counts."""
     from trainers.trl_adapter.streaming import PoolRolloutWorker
@@ -77,7 +81,7 @@ def _run(rule: str) -> tuple[list[int], dict]:
         prompt_ids=lambda prompt: [5, 6], completion=lambda ids, p: "a" * len(ids)
     )
     worker = PoolRolloutWorker(
-        _ScriptedPool(), [{"prompt": "w3 w4"}], formatter, [longer_is_better],
+        _ScriptedPool(sibling), [{"prompt": "w3 w4"}], formatter, [longer_is_better],
         SamplingParams(n=2, max_tokens=LONG), max_inflight_groups=11, max_staleness=2,
         staleness=rule,
     )  # fmt: skip
@@ -142,3 +146,12 @@ def test_planned_lengths_draw_each_samples_length_clipped_and_seeded() -> None:
     assert lengths[0] < 24 < lengths[-1], "a heavy tail on both sides of the median"
     fixed = PlannedLengths(10, 0.0, 4, 512).params_for(sampling)
     assert set(fixed.sample_lengths) == {10}
+
+
+def test_group_last_token_keeps_a_long_samples_short_sibling() -> None:
+    """The sibling finished at version 0 and waited for the long sample: by its own newest token
+    it is 5 versions old and dropped; by its group's it is as fresh as the long one."""
+    trained, counts = _run("last_token", sibling=True)
+    assert trained.count(LONG) == 1 and counts["dropped_samples"] == 1
+    trained, counts = _run("group_last_token", sibling=True)
+    assert trained.count(LONG) == 1 and counts["dropped_samples"] == 0

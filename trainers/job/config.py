@@ -22,7 +22,7 @@ from trainers.job.config_checks import (
 _PROMPT_TOKENS = 128  # a prompt's length, as estimated for sizing a step's rows
 
 
-STALENESS_RULES = ("last_token", "mean_token", "first_token")
+STALENESS_RULES = ("last_token", "group_last_token", "mean_token", "first_token")
 """The choices of `trainer.staleness` (trainers/trl_adapter/staleness.py reads them)."""
 OFF_POLICY_CORRECTIONS = ("none", "token_tis", "sequence_mis")
 """The choices of `trainer.off_policy_correction` (trainers/trl_adapter/off_policy.py)."""
@@ -130,8 +130,10 @@ class TrainerConfig:
     staleness: str = "last_token"
     """Streaming: a sample's weight version, as the drop rule reads it (weights change in place,
     so a long sample's tokens come from several versions). "last_token": its newest token's (a
-    sample is never dropped for being long); "mean_token": the mean over its tokens;
-    "first_token": its oldest token's (drops long samples first)."""
+    sample is never dropped for being long); "group_last_token": its group's newest token's (a
+    group kept or dropped whole, so a long sample's short siblings are kept with it);
+    "mean_token": the mean over its tokens; "first_token": its oldest token's (drops long
+    samples first)."""
     off_policy_correction: str = "none"
     """How the loss corrects for tokens sampled by other weights than the trainer's (older
     versions, another kernel and dtype): "none" (TRL's PPO ratio against the rollout's

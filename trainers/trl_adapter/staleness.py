@@ -5,6 +5,8 @@ weight versions (`FinishedSample.token_versions`). `sample_version` reads one ve
 whole sample by the job's rule (`trainer.staleness`): its newest token's, the mean over its
 tokens, or its oldest token's. Only "first_token" makes a sample's age grow with its length, which
 is what drops long samples under a trainer that steps faster than they generate.
+"group_last_token" gives every sample of a group the group's newest token's version: the short
+siblings of a long sample, which wait finished until it ends, are not dropped for that wait.
 
 `StalenessGate` is the queue AsyncGRPOTrainer reads samples from: a sample more than
 `max_staleness` versions behind the trainer's current version when the trainer takes it is
@@ -21,6 +23,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+
+def group_versions(samples: list, rule: str) -> list[float]:
+    """The version of each of a group's samples (FinishedSamples) by `rule`; "group_last_token":
+    every sample takes the group's newest token's version, so a group is kept or dropped whole
+    (GRPO scores each sample against its group)."""
+    if rule == "group_last_token":
+        newest = max(
+            sample_version(s.token_versions, s.weight_versions, "last_token") for s in samples
+        )
+        return [newest] * len(samples)
+    return [sample_version(s.token_versions, s.weight_versions, rule) for s in samples]
 
 
 def sample_version(

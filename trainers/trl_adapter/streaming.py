@@ -29,7 +29,7 @@ from trainers.trl_adapter.args import trl_args, trl_config
 from trainers.trl_adapter.lora import peft_config_for
 from trainers.trl_adapter.planned_lengths import PlannedLengths, planned_lengths
 from trainers.trl_adapter.sharded import fsdp_args, pool_trainer_class
-from trainers.trl_adapter.staleness import StalenessGate, sample_version, trl_version
+from trainers.trl_adapter.staleness import StalenessGate, group_versions, trl_version
 from trainers.trl_adapter.tree_attention import TREE_ATTENTION_NAME, register_tree_attention
 
 if TYPE_CHECKING:
@@ -288,8 +288,10 @@ class PoolRolloutWorker:
             metrics["episodes/turns"] = float(np.mean([s.num_turns for s in usable]))
             metrics["episodes/done"] = float(np.mean([s.episode_status == "done" for s in usable]))
         samples = []
-        for s, completion, advantage in zip(usable, completions, scored.advantages, strict=True):
-            own = sample_version(s.token_versions, s.weight_versions, self.staleness)
+        versions = group_versions(usable, self.staleness)
+        for s, completion, advantage, own in zip(
+            usable, completions, scored.advantages, versions, strict=True
+        ):
             sample = rollout_sample(
                 row["prompt"],
                 completion,
