@@ -61,6 +61,16 @@ def correction_weights(
     return weights, stats
 
 
+class RecordsMismatch:
+    """Mixin for both modes' TRL trainers: the correction's setting and its per-step figures."""
+
+    off_policy = ("none", 2.0)  # trainer.off_policy_correction and its cap, set by the builder
+
+    def record_mismatch(self, stats: dict) -> None:
+        for key, value in stats.items():
+            self._metrics["train"][f"off_policy/{key}"].append(value)
+
+
 class CorrectedForward:
     """Stands in for the model in AsyncGRPOTrainer.compute_loss: runs it, then rewrites the
     selected tokens' logprobs so that TRL's own PPO loss becomes the corrected one.

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from functools import cache
 
 from trainers.trl_adapter.lora import adapter_for_sync
-from trainers.trl_adapter.off_policy import CorrectedForward
+from trainers.trl_adapter.off_policy import CorrectedForward, RecordsMismatch
 
 
 def fsdp_args() -> dict:
@@ -113,22 +113,17 @@ def send_to_pool(
 def pool_trainer_class():
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-    class PoolAsyncGRPOTrainer(ShardedOnCpuRanks, AsyncGRPOTrainer):
+    class PoolAsyncGRPOTrainer(ShardedOnCpuRanks, RecordsMismatch, AsyncGRPOTrainer):
         """AsyncGRPOTrainer whose sync goes to the RolloutPool, across ranks (`send_to_pool`)."""
 
         lora = False
         parity = None  # the ParityProbe, attached by the builder
         feed = None  # colocated ranks: each rank's RankFeed
-        off_policy = ("none", 2.0)  # trainer.off_policy_correction and its cap
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             mode, cap = self.off_policy
             forward = CorrectedForward(model, inputs, mode, cap, self.record_mismatch)
             return super().compute_loss(forward, inputs, return_outputs, num_items_in_batch)
-
-        def record_mismatch(self, stats: dict) -> None:
-            for key, value in stats.items():
-                self._metrics["train"][f"off_policy/{key}"].append(value)
 
         def _sync_weight_merged(self, t0: float):
             model = self.accelerator.unwrap_model(self.model)

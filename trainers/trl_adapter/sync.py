@@ -23,7 +23,7 @@ from rollout.engine.sampling_params import SamplingParams
 from rollout.prompts import PromptFormatter
 from trainers.trl_adapter.args import trl_args, trl_config
 from trainers.trl_adapter.lora import peft_config_for
-from trainers.trl_adapter.off_policy import weighted_advantages
+from trainers.trl_adapter.off_policy import RecordsMismatch, weighted_advantages
 from trainers.trl_adapter.planned_lengths import planned_lengths
 from trainers.trl_adapter.sharded import ShardedOnCpuRanks, fsdp_args, send_to_pool
 
@@ -98,21 +98,15 @@ def build_sync_trainer(
 def sync_trainer_class():
     from trl import GRPOTrainer
 
-    class PoolGRPOTrainer(ShardedOnCpuRanks, GRPOTrainer):
+    class PoolGRPOTrainer(ShardedOnCpuRanks, RecordsMismatch, GRPOTrainer):
         """trl.GRPOTrainer whose CPU ranks shard like GPU ranks (`sharded.ShardedOnCpuRanks`),
         with the off-policy correction against the rollout's logprobs (`off_policy.py`)."""
-
-        off_policy = ("none", 2.0)  # trainer.off_policy_correction and its cap
 
         def _compute_loss(self, model, inputs):
             mode, cap = self.off_policy
             return weighted_advantages(
                 self, super()._compute_loss, model, inputs, mode, cap, self.record_mismatch
             )
-
-        def record_mismatch(self, stats: dict) -> None:
-            for key, value in stats.items():
-                self._metrics["train"][f"off_policy/{key}"].append(value)
 
     return PoolGRPOTrainer
 
