@@ -80,6 +80,11 @@ class EngineConfig:
     """Speculate only while at most this many sequences run: with more, a step is bound by the
     KV it reads rather than by the weights, and drafts no longer come nearly free. These steps
     run as the sync loop (the next step's inputs depend on the tokens accepted)."""
+    record_routes: bool = False
+    """Record the experts every fed token was routed to in each MoE layer and return them with
+    each result (`Completion.routes`), so a trainer can replay them. MoE models with softmax
+    top-k routers (Qwen2/3-MoE, OLMoE, Mixtral) only; needs enable_prefix_caching=False (a
+    cached prefix's routes are not kept)."""
     seed: int = 0
     """Seeds the sampler for requests that bring no seed of their own."""
     cpu_kv_cache_gib: float = 2.0
@@ -110,6 +115,11 @@ class EngineConfig:
             )
         if self.cpu_kv_cache_gib <= 0:
             raise ValueError(f"cpu_kv_cache_gib must be > 0; got {self.cpu_kv_cache_gib}")
+        if self.record_routes and self.enable_prefix_caching:
+            raise ValueError(
+                "record_routes needs enable_prefix_caching=False: a prefix taken from the cache "
+                "was computed for another request, and its routes are not kept"
+            )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed must be an int; got {self.seed!r}")
 

@@ -23,6 +23,7 @@ from rollout.engine.model.loader import (
     resolve_device,
     resolve_dtype,
 )
+from rollout.engine.model.route_recording import model_routers
 from rollout.engine.sampling_params import SamplingParams
 from rollout.engine.scheduling.block_manager import BlockManager
 from rollout.engine.scheduling.request_checks import check_prompt
@@ -75,6 +76,8 @@ class LLMEngine:
 
     def _setup(self, model, config: EngineConfig, tokenizer, device, dtype) -> None:
         check_config(model)  # before any memory is allocated for it
+        if config.record_routes:
+            model_routers(model)  # raises, saying why, when its routes cannot be recorded
         model.eval()
         self.config = config
         self.model = model

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 from rollout.engine.execution.model_runner import ModelRunner, StepHandle
+from rollout.engine.scheduling.route_traces import record_step_routes
 from rollout.engine.scheduling.scheduler import Scheduler
 from rollout.engine.scheduling.sequence import Sequence
 from rollout.engine.scheduling.step_inputs import build_step_inputs
@@ -38,6 +39,9 @@ class _Loop:
     def _finish(self, launched: tuple[StepPlan, StepHandle]) -> list[Sequence]:
         plan, handle = launched
         token_ids, logprobs = self.runner.wait(handle)
+        routes = self.runner.routes(handle)
+        if routes is not None:
+            record_step_routes(plan, routes)
         return self.scheduler.process_results(plan, token_ids, logprobs)
 
     def _stuck(self) -> RuntimeError:

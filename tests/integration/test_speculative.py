@@ -141,7 +141,7 @@ def test_verification_steps_laid_out_for_a_graph_emit_the_plain_tokens(overlap: 
         padded = pad_step_inputs(inputs, bucket, width, slot.max_blocks_per_seq)
         padded_steps.append((width, inputs.num_tokens, padded.num_tokens))
         handle = launch(step_id, padded)
-        return model_runner.StepHandle(step_id, handle.slot, inputs.num_rows)
+        return model_runner.StepHandle(step_id, handle.slot, inputs.num_rows, inputs.num_tokens)
 
     runner.launch = launch_padded
     fast = engine.generate(PROMPTS, params)

@@ -1,4 +1,5 @@
-"""Runs one step on the device: copy inputs in, carry tokens over, forward, sample, copy out.
+"""Runs one step on the device: copy inputs in, carry tokens over, forward, sample, copy out
+(with `record_routes`, the experts each token was routed to come out with the tokens).
 
 `launch()` only enqueues work and returns; `wait()` is the one host sync per step (the step's
 copy-out event). On CPU the streams and events are no-ops and the same code runs eagerly.
@@ -42,6 +43,7 @@ class StepHandle:
     step_id: int
     slot: StepSlot
     num_rows: int
+    num_tokens: int
 
 
 class ModelRunner:
@@ -88,13 +90,24 @@ class ModelRunner:
         # forward_check.check_forward: the layers that attended, one list per forward.
         self.layers_attended: list[list[int]] | None = None
         self.prepared = prepare_model(model, config, device, self.backend.name)
+        recorder = self.prepared.route_recorder
+        # One host copy of the route buffer per slot: the copy is enqueued on the compute stream
+        # right after the forward, before the next step's forward can overwrite the buffer.
+        self.routes_host = (
+            [
+                torch.zeros_like(recorder.buffer, device="cpu", pin_memory=device.type == "cuda")
+                for _ in self.slots
+            ]
+            if recorder is not None
+            else None
+        )
 
     def launch(self, step_id: int, inputs: StepInputs) -> StepHandle:
         """Enqueue one step (copy in, compute, copy out) and return without waiting."""
         slot_index = step_id % 2
         slot = self.slots[slot_index]
         previous = self.slots[(step_id - 1) % 2]  # its sampled tokens feed our placeholders
-        num_rows = inputs.num_rows
+        num_rows, num_tokens = inputs.num_rows, inputs.num_tokens
         bucket = width = None
         if self.graphs is not None:
             width = graph_width(inputs, self.verify_width)
@@ -130,6 +143,10 @@ class ModelRunner:
                     ),
                 )
                 graph.replay()
+            if self.routes_host is not None:
+                self.routes_host[slot_index][:num_tokens].copy_(
+                    self.prepared.route_recorder.buffer[:num_tokens], non_blocking=True
+                )
             if timing is not None:
                 self.timing.end(timing)
             slot.compute_done.record()
@@ -138,7 +155,7 @@ class ModelRunner:
             slot.tokens_host[:num_rows].copy_(slot.tokens_device[:num_rows], non_blocking=True)
             slot.logprobs_host[:num_rows].copy_(slot.logprobs_device[:num_rows], non_blocking=True)
             slot.copy_out_done.record()
-        return StepHandle(step_id, slot, num_rows)
+        return StepHandle(step_id, slot, num_rows, num_tokens)
 
     def _forward_and_sample(
         self,
@@ -221,6 +238,13 @@ class ModelRunner:
         return handle.slot.tokens_host[:n].numpy().copy(), handle.slot.logprobs_host[
             :n
         ].numpy().copy()
+
+    def routes(self, handle: StepHandle) -> np.ndarray | None:
+        """The step's routes [num_tokens, num_routers, top_k] once wait() returned (None unless
+        the engine records routes). A copy: the slot's buffer is reused two steps later."""
+        if self.routes_host is None:
+            return None
+        return self.routes_host[handle.step_id % 2][: handle.num_tokens].numpy().copy()
 
     def _copy_blocks(self, copies: torch.Tensor) -> None:
         """Copy-on-write of shared blocks, in every layer, before this step writes to them."""

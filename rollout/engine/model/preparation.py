@@ -3,7 +3,8 @@
 In order: our paged attention registered with transformers; the MoE experts and the softmax
 routers our kernels compute picked out (transformers' path for the rest); q/k/v and gate/up
 fused into one GEMM each; decode's projections routed to our decode GEMM; the decoder layers
-compiled. Fusing comes before compiling, because dynamo traces the fused forward. Parameter
+compiled; with `record_routes`, each router's forward also writes the experts it chose
+(`route_recording.py`). Fusing comes before compiling, because dynamo traces the fused forward. Parameter
 names survive every change, so weight sync by name still works.
 
 `PreparedModel.selected()` is the other half: inside it (one engine forward) the model runs our
@@ -24,6 +25,7 @@ from rollout.engine.model.compilation import compile_decoder_layers
 from rollout.engine.model.fused_experts import fused_experts_selected, select_fused_experts
 from rollout.engine.model.fused_projections import fuse_projections, route_decode_linears
 from rollout.engine.model.fused_routing import fused_routers_selected, select_fused_routers
+from rollout.engine.model.route_recording import RouteRecorder
 
 
 @dataclass
@@ -36,7 +38,10 @@ class PreparedModel:
     fused_experts_declined: str | None = None
     """Why an MoE model keeps transformers' experts path (None: fused, or not MoE)."""
     fused_routers: list = field(default_factory=list)
-    """(router, our forward for it) for the softmax routers our routing kernel computes."""
+    """(router, our forward for it) for the softmax routers our routing kernel computes, or,
+    when routes are recorded, for every router (the recording forward calls the kernel's)."""
+    route_recorder: RouteRecorder | None = None
+    """Where the routers write their choices inside a step (EngineConfig.record_routes)."""
 
     @contextmanager
     def selected(self) -> Iterator[None]:
@@ -63,6 +68,10 @@ def prepare_model(
         )
     if config.fused_routing and triton:
         prepared.fused_routers = select_fused_routers(model)
+    if config.record_routes:
+        inner = {id(router): forward for router, forward in prepared.fused_routers}
+        prepared.route_recorder = RouteRecorder(model, config.max_num_batched_tokens, device, inner)
+        prepared.fused_routers = prepared.route_recorder.forwards
     if config.fuse_projections:
         fuse_projections(model)
     if config.triton_linear and triton:

@@ -32,6 +32,10 @@ class Completion:
     """"stop", "length", "abort" or "error"."""
     error: str | None = None
     request_id: str = ""
+    routes: object | None = None
+    """With EngineConfig.record_routes: np.ndarray [prompt + output tokens - 1, num_routers,
+    top_k], the experts each fed token (every token but the last) was routed to in each MoE
+    layer; None otherwise."""
     queue_wait_s: float = 0.0
     """Seconds from add_request to the first step that computed this request (time spent waiting
     for room in the batch or the KV cache)."""
@@ -84,6 +88,8 @@ class Sequence:
     only while the epoch (the weights) is the same."""
     draft_len: int = 0
     """How many draft tokens to propose next (adapted to how many were accepted; 0: the most)."""
+    routes: object | None = None
+    """Its route_traces.RouteTrace while the engine records routes (None otherwise)."""
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -121,6 +127,7 @@ class Sequence:
             finish_reason=self.finish_reason,
             error=self.error,
             request_id=self.request_id,
+            routes=self.routes.take(self.num_tokens - 1) if self.routes is not None else None,
             queue_wait_s=(
                 self.first_scheduled_time - self.arrival_time
                 if self.first_scheduled_time is not None
