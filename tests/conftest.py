@@ -65,6 +65,21 @@ def tiny_model(arch: str, seed: int = 0, eos_token_id: int | None = None):
     return model
 
 
+def near_tie_moe(seed: int = 0, spread: float = 3e-7, eos_token_id: int | None = None):
+    """A tiny Qwen3-MoE whose experts' router rows differ by `spread` (relative): every token's
+    top-2 is decided by differences near fp32's rounding, and its experts differ strongly."""
+    model = tiny_model("qwen3_moe", seed=seed, eos_token_id=eos_token_id)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            w = layer.mlp.gate.weight  # [experts, hidden]
+            base = torch.randn(1, w.shape[1], generator=g)
+            w.copy_(base + spread * base.abs() * torch.randn(w.shape, generator=g))
+            experts = layer.mlp.experts
+            experts.gate_up_proj.mul_(4.0)
+    return model
+
+
 def tiny_tokenizer():
     """A whitespace word-level tokenizer over VOCAB words (w0 .. w{VOCAB-1}); w2 is EOS."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -96,6 +111,15 @@ def moe_policy_dir(tmp_path_factory) -> str:
     """The same with a tiny Qwen3-MoE (8 experts, top-2)."""
     path = tmp_path_factory.mktemp("tiny-moe-policy")
     tiny_model("qwen3_moe", seed=5, eos_token_id=EOS).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def near_tie_moe_dir(tmp_path_factory) -> str:
+    """A tiny Qwen3-MoE policy whose routers nearly tie (`near_tie_moe`)."""
+    path = tmp_path_factory.mktemp("near-tie-moe-policy")
+    near_tie_moe(seed=5, eos_token_id=EOS).save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)
     return str(path)
 

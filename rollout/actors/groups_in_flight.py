@@ -71,6 +71,7 @@ class GroupsInFlight:
             reward=episode.reward if episode else None,
             episode_status=episode.status if episode else None,
             num_turns=episode.num_turns if episode else 0,
+            routes=None if episode else ended.routes,
             token_versions=(
                 None
                 if episode

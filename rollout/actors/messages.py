@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rollout.engine.sampling_params import SamplingParams
 from rollout.environments.base import EpisodeLimits
@@ -60,6 +61,9 @@ class FinishedSample:
     """The weight version of every generated token, run-length coded: (tokens, version) runs in
     order, summing to len(token_ids). None for a multi-turn episode (whose turns are separate
     engine requests): only `weight_versions` is known there."""
+    routes: Any = None
+    """With the engine's record_routes: the experts each fed token chose in each MoE layer,
+    np.ndarray [prompt + completion tokens - 1, num_routers, top_k] (Completion.routes)."""
 
 
 @dataclass

@@ -154,6 +154,7 @@ class RolloutWorker:
         return {
             "token_ids": completion.token_ids,
             "logprobs": completion.logprobs,
+            "routes": completion.routes,
             "version": self.version,
         }
 

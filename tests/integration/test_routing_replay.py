@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rollout import SamplingParams
-from tests.conftest import engine_for, random_prompts, tiny_model
+from tests.conftest import engine_for, near_tie_moe, random_prompts, tiny_model
 from trainers.trl_adapter.routing_replay import ROUTES_KWARG, RouteReplay, trainer_routes
 
 SMALL = dict(
@@ -101,21 +101,6 @@ def test_record_routes_is_refused_where_it_cannot_hold() -> None:
         engine_for(tiny_model("llama"), SMALL)
 
 
-def near_tie_moe(seed: int = 0, spread: float = 3e-7):
-    """A tiny Qwen3-MoE whose experts' router rows differ by `spread` (relative): every token's
-    top-2 is decided by differences near fp32's rounding, and its experts differ strongly."""
-    model = tiny_model("qwen3_moe", seed=seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            w = layer.mlp.gate.weight  # [experts, hidden]
-            base = torch.randn(1, w.shape[1], generator=g)
-            w.copy_(base + spread * base.abs() * torch.randn(w.shape, generator=g))
-            experts = layer.mlp.experts
-            experts.gate_up_proj.mul_(4.0)
-    return model
-
-
 def trainer_logprobs(model, full: list[int], prompt_len: int, routes=None) -> torch.Tensor:
     kwargs = {}
     if routes is not None:
@@ -167,3 +152,54 @@ def test_replay_keeps_the_routers_gradient_and_leaves_plain_forwards_alone() -> 
         assert layer.mlp.gate.weight.grad.abs().sum() > 0, "the router lost its gradient"
     with pytest.raises(ValueError, match="must match the batch"):
         model(torch.tensor([ids[:5]]), **{ROUTES_KWARG: torch.from_numpy(routes)[None]})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["streaming", "sync"])
+@pytest.mark.parametrize("replay", [True, False], ids=["replay", "own-routes"])
+def test_jobs_train_on_the_rollouts_routes(tmp_path, near_tie_moe_dir, prompts_file, mode, replay):
+    """A near-tie MoE policy trained without moving its weights (a learning rate below their rounding): whatever the
+    trainer's logprobs differ from the rollout's by is routing. With trainer.routing_replay the
+    step's KL and the parity probe are at fp32 precision, and some routes were flipped back;
+    without it they are not."""
+    from trainers.job import run_job
+    from trainers.job.config_loading import load_config
+
+    config = load_config(
+        None,
+        [
+            f"output_dir={tmp_path / 'run'}",
+            f"model={near_tie_moe_dir}",
+            f"dataset.source={prompts_file}",
+            f"trainer.mode={mode}",
+            f"trainer.routing_replay={str(replay).lower()}",
+            "trainer.learning_rate=1e-12",  # > 0, yet below fp32 rounding of every weight
+            "trainer.max_steps=2",
+            "trainer.num_generations=2",
+            "trainer.prompts_per_step=2",
+            "trainer.max_completion_length=12",
+            "trainer.temperature=1.0",
+            "wandb.mode=disabled",
+            "rollout.engine={max_model_len: 64, max_num_seqs: 16, num_kv_blocks: 64}",
+        ],
+    )
+    summary = run_job(config)
+    assert summary["steps"] == 2
+    kl = summary["off_policy"]["kl"]
+    parity = [d for d in summary["logprob_max_abs_diff"] if d is not None]
+    if replay:
+        assert summary["routing_flipped_fraction"] > 0, "no route needed replaying"
+        assert abs(kl) < 1e-6, kl
+        assert parity and max(parity) < 1e-4, parity
+    else:
+        assert summary["routing_flipped_fraction"] is None
+        assert abs(kl) > 1e-4, kl
+
+
+def test_routing_replay_of_a_dense_policy_is_refused_before_the_job_starts(policy_dir) -> None:
+    from trainers.job.config_loading import load_config
+    from trainers.job.preflight import JobInputError, _routing_replay
+
+    config = load_config(None, [f"model={policy_dir}", "trainer.routing_replay=true"])
+    with pytest.raises(JobInputError, match="trainer.routing_replay=true with model=.*has none"):
+        _routing_replay(config, policy_dir)

@@ -499,6 +499,18 @@ def test_lora_from_a_file_with_a_list_of_targets(tmp_path) -> None:
             "rollout.planned_lengths.sigma is required when rollout.planned_lengths is given",
         ),
         (
+            [
+                "trainer.routing_replay=true",
+                "environment.name=rollout.environments.calculator:CalculatorEnv",
+            ],
+            "trainer.routing_replay=true: replays single-turn rollouts",
+        ),
+        (
+            ["trainer.routing_replay=true", "rollout.engine={enable_prefix_caching: true}"],
+            "rollout.engine.enable_prefix_caching=true: trainer.routing_replay needs the actors' "
+            "prefix cache off",
+        ),
+        (
             ["trainer.staleness=oldest"],
             "trainer.staleness=oldest: must be last_token, group_last_token, mean_token or first_token",
         ),

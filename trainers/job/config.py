@@ -142,6 +142,13 @@ class TrainerConfig:
     modes; no extra forward. Every step logs the mismatch (off_policy/* in W&B) either way."""
     off_policy_cap: float = 2.0
     """The cap of trainer.off_policy_correction (> 1)."""
+    routing_replay: bool = False
+    """MoE policies: the trainer's forward routes each token to the experts the rollout chose
+    for it (the actors record them; their routing weights still come from the trainer's router,
+    which keeps its gradient), so near ties cannot send a token to other experts in training
+    than in the rollout. Both modes; single-turn rollouts; turns the actors' prefix cache off.
+    Logs routing/flipped_fraction: the share of routes the trainer would have chosen
+    differently."""
     weight_sync_steps: int = 1
     """Streaming: optimizer steps between weight syncs to the rollout actors."""
     token_budget: int | None = None
@@ -457,6 +464,20 @@ class JobConfig:
                 "rollout.planned_lengths.max",
                 planned.max,
                 f"above trainer.max_completion_length={t.max_completion_length}",
+            )
+        if t.routing_replay and self.environment.name is not None:
+            refuse(
+                "trainer.routing_replay",
+                True,
+                "replays single-turn rollouts; an environment's turns are separate engine "
+                "requests whose routes are not joined. Turn one of them off",
+            )
+        if t.routing_replay and self.rollout.engine.get("enable_prefix_caching") is True:
+            refuse(
+                "rollout.engine.enable_prefix_caching",
+                True,
+                "trainer.routing_replay needs the actors' prefix cache off (a cached prefix's "
+                "routes are not kept); leave enable_prefix_caching unset",
             )
         if planned and self.environment.name is not None:
             refuse(

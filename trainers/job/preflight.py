@@ -34,6 +34,7 @@ def check_inputs(config: JobConfig) -> CheckedInputs:
     model_path = _model_path(config.model)
     tokenizer = _tokenizer(model_path)
     _lora_targets(config, model_path)
+    _routing_replay(config, model_path)
     dataset = _dataset(config)
     reward_funcs = _rewards(config)
     _environment(config)
@@ -84,6 +85,21 @@ def _lora_targets(config: JobConfig, model_path: str) -> None:
     problem = lora_target_problem(config.trainer.lora, model, config.model)
     if problem is not None:
         raise JobInputError(problem)
+
+
+def _routing_replay(config: JobConfig, model_path: str) -> None:
+    """trainer.routing_replay needs MoE layers whose routes the engine records."""
+    if not config.trainer.routing_replay:
+        return
+    from rollout.engine.model.route_recording import model_routers
+    from trainers.job.lora_targets import meta_model
+
+    try:
+        model_routers(meta_model(model_path))
+    except ValueError as err:
+        raise JobInputError(
+            f"trainer.routing_replay=true with model={config.model}: {err}"
+        ) from err
 
 
 def _dataset(config: JobConfig):

@@ -64,12 +64,22 @@ def job_summary(
         "staleness_rule": config.trainer.staleness if config.trainer.mode == "streaming" else None,
         "off_policy_correction": config.trainer.off_policy_correction,
         "off_policy": off_policy_figures(trainer.state.log_history),
+        "routing_replay": config.trainer.routing_replay,
+        "routing_flipped_fraction": logged_mean(
+            trainer.state.log_history, "routing/flipped_fraction"
+        ),
         **built.staleness_counts(),
         "wandb_dir": str(out / "wandb"),
         "mode": config.trainer.mode,
         "num_actors": placement.num_actors,  # started; actors_at_end and actor_deaths follow
         "config": to_dict(config),
     }
+
+
+def logged_mean(log_history: list[dict], key: str) -> float | None:
+    """The mean of a per-step figure over the run (None when it was never logged)."""
+    values = [entry[key] for entry in log_history if entry.get(key) is not None]
+    return sum(values) / len(values) if values else None
 
 
 def off_policy_figures(log_history: list[dict]) -> dict | None:

@@ -123,11 +123,10 @@ def _start_pool(run: Run):
     from rollout.actors.pool import RolloutPool
 
     config, placement = run.config, run.placement
-    engine = EngineConfig(
-        model=run.inputs.model_path,
-        seed=config.seed,
-        **placement.engine_settings(config.rollout.engine),
-    )
+    settings = placement.engine_settings(config.rollout.engine)
+    if config.trainer.routing_replay:  # the actors record what the trainer replays
+        settings |= {"record_routes": True, "enable_prefix_caching": False}
+    engine = EngineConfig(model=run.inputs.model_path, seed=config.seed, **settings)
     pool = RolloutPool(
         engine,
         placement.num_actors,

@@ -135,5 +135,11 @@ def build_trainer(job: JobInputs) -> BuiltTrainer:
     else:
         trainer = sync.trainer_for_job(job, sampling, transfer, probe, feed)
     trainer.off_policy = (t.off_policy_correction, t.off_policy_cap)
+    if t.routing_replay:
+        from trainers.trl_adapter.replay_batches import RoutesByTokens
+        from trainers.trl_adapter.routing_replay import RouteReplay
+
+        trainer.route_replay = RouteReplay(trainer.model)
+        trainer.sample_routes = RoutesByTokens()  # read in sync mode only
     probe.attach(trainer.model)
     return BuiltTrainer(trainer, transfer, rewards, worker)

@@ -62,13 +62,20 @@ def correction_weights(
 
 
 class RecordsMismatch:
-    """Mixin for both modes' TRL trainers: the correction's setting and its per-step figures."""
+    """Mixin for both modes' TRL trainers: the correction's setting and its per-step figures,
+    and with routing replay (routing_replay.RouteReplay, set by the builder) its figures."""
 
     off_policy = ("none", 2.0)  # trainer.off_policy_correction and its cap, set by the builder
+    route_replay = None
 
     def record_mismatch(self, stats: dict) -> None:
         for key, value in stats.items():
             self._metrics["train"][f"off_policy/{key}"].append(value)
+
+    def record_routing(self) -> None:
+        if self.route_replay is not None:
+            for key, value in self.route_replay.take_counts().items():
+                self._metrics["train"][key].append(value)
 
 
 class CorrectedForward:
@@ -80,8 +87,11 @@ class CorrectedForward:
     w * d logp, so the loss's gradient is -w A d logp, the corrected policy gradient with the
     ratio taken against the trainer's own policy."""
 
-    def __init__(self, model, inputs: dict, mode: str, cap: float, record) -> None:
+    def __init__(
+        self, model, inputs: dict, mode: str, cap: float, record, extra: dict | None = None
+    ) -> None:
         self.model = model
+        self.extra = extra or {}  # more keyword arguments for the forward (replayed routes)
         selected = inputs["token_index"] >= 0
         self.token_index = inputs["token_index"][selected]
         self.rollout_logps = inputs["old_log_probs"][selected]
@@ -91,7 +101,7 @@ class CorrectedForward:
         self.record = record
 
     def __call__(self, *args, **kwargs):
-        outputs = self.model(*args, **kwargs)
+        outputs = self.model(*args, **kwargs, **self.extra)
         flat = outputs.log_probs.flatten()
         logps = flat[self.token_index]
         weights, stats = correction_weights(

@@ -10,10 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 
-def trainer_logprobs(model, prompt_ids: list[int], tokens: list[int]):
-    """The trainer's logprob of each of `tokens` after `prompt_ids` (a plain causal forward)."""
+def trainer_logprobs(model, prompt_ids: list[int], tokens: list[int], routes=None):
+    """The trainer's logprob of each of `tokens` after `prompt_ids` (a plain causal forward;
+    with the actor's recorded `routes`, routing replay's)."""
     import torch
 
+    from trainers.trl_adapter.routing_replay import replay_kwargs
     from trainers.trl_adapter.tree_attention import TREE_ATTENTION_NAME
 
     was_training = model.training
@@ -25,7 +27,8 @@ def trainer_logprobs(model, prompt_ids: list[int], tokens: list[int]):
         if implementation == TREE_ATTENTION_NAME:  # a plain causal forward for one sequence
             model.set_attn_implementation("sdpa")
         try:
-            logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
+            extra = replay_kwargs(routes, ids.shape[1], device)
+            logits = model(input_ids=ids, **extra).logits[0, len(prompt_ids) - 1 : -1].float()
         finally:
             if implementation == TREE_ATTENTION_NAME:
                 model.set_attn_implementation(implementation)
@@ -41,7 +44,7 @@ def logprob_parity(pool, model, prompt_ids: list[int], max_tokens: int = 16) -> 
     probe = pool.probe(prompt_ids, max_tokens=max_tokens)
     if not probe["token_ids"]:
         return 0.0
-    expected = trainer_logprobs(model, prompt_ids, probe["token_ids"])
+    expected = trainer_logprobs(model, prompt_ids, probe["token_ids"], probe.get("routes"))
     return float((expected - torch.tensor(probe["logprobs"])).abs().max())
 
 
@@ -88,7 +91,9 @@ class ParityProbe:
         gaps = []
         for probe in probes:
             if probe["token_ids"]:
-                expected = trainer_logprobs(self.model, self.prompt_ids, probe["token_ids"])
+                expected = trainer_logprobs(
+                    self.model, self.prompt_ids, probe["token_ids"], probe.get("routes")
+                )
                 gaps.append(float((expected - torch.tensor(probe["logprobs"])).abs().max()))
         if transfer is not None and transfer.history and gaps:
             transfer.history[-1]["logprob_max_abs_diff"] = max(gaps)

@@ -37,6 +37,17 @@ def trainer_routes(routes: np.ndarray) -> np.ndarray:
     return out
 
 
+def replay_kwargs(routes: np.ndarray | None, length: int, device) -> dict:
+    """The forward's keyword argument for one sequence of `length` tokens with its recorded
+    `routes` (the tokens past them route themselves); {} without routes."""
+    if routes is None:
+        return {}
+    full = np.full((length, *routes.shape[1:]), -1, dtype=np.int16)
+    known = trainer_routes(routes)[:length]
+    full[: len(known)] = known
+    return {ROUTES_KWARG: torch.from_numpy(full)[None].to(device)}
+
+
 class RouteReplay:
     """Installed once on the trainer's model (before FSDP or PEFT wrap it: the modules stay)."""
 

@@ -22,6 +22,8 @@ from functools import cache
 
 from trainers.trl_adapter.lora import adapter_for_sync
 from trainers.trl_adapter.off_policy import CorrectedForward, RecordsMismatch
+from trainers.trl_adapter.replay_batches import routes_collator_class
+from trainers.trl_adapter.routing_replay import ROUTES_KWARG
 
 
 def fsdp_args() -> dict:
@@ -122,8 +124,28 @@ def pool_trainer_class():
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             mode, cap = self.off_policy
-            forward = CorrectedForward(model, inputs, mode, cap, self.record_mismatch)
-            return super().compute_loss(forward, inputs, return_outputs, num_items_in_batch)
+            extra = {}
+            if self.route_replay is not None:  # the packed row's tokens, as TRL forwards them
+                routes = inputs["routes"][inputs["attention_mask"].bool()]
+                extra[ROUTES_KWARG] = routes[None]
+            forward = CorrectedForward(model, inputs, mode, cap, self.record_mismatch, extra)
+            loss = super().compute_loss(forward, inputs, return_outputs, num_items_in_batch)
+            self.record_routing()
+            return loss
+
+        def get_train_dataloader(self):
+            if self.route_replay is None:
+                return super().get_train_dataloader()
+            from trl.experimental.async_grpo import async_grpo_trainer as trainer_module
+
+            # TRL builds its collator by this module-level name; its routes-adding subclass
+            # stands in while it does.
+            plain = trainer_module.DataCollatorForRollout
+            trainer_module.DataCollatorForRollout = routes_collator_class()
+            try:
+                return super().get_train_dataloader()
+            finally:
+                trainer_module.DataCollatorForRollout = plain
 
         def _sync_weight_merged(self, t0: float):
             model = self.accelerator.unwrap_model(self.model)

@@ -28,6 +28,8 @@ from trainers.task.scoring import score_group
 from trainers.trl_adapter.args import trl_args, trl_config
 from trainers.trl_adapter.lora import peft_config_for
 from trainers.trl_adapter.planned_lengths import PlannedLengths, planned_lengths
+from trainers.trl_adapter.replay_batches import SAMPLE_ROUTES
+from trainers.trl_adapter.routing_replay import trainer_routes
 from trainers.trl_adapter.sharded import fsdp_args, pool_trainer_class
 from trainers.trl_adapter.staleness import StalenessGate, group_versions, trl_version
 from trainers.trl_adapter.tree_attention import TREE_ATTENTION_NAME, register_tree_attention
@@ -303,6 +305,7 @@ class PoolRolloutWorker:
                 group.group_id,
                 metrics,
                 completion_mask=s.completion_mask,
+                routes=s.routes,
             )
             samples.append((sample, own, len(s.token_ids)))
         if self.on_group is not None:
@@ -329,19 +332,24 @@ def rollout_sample(
     group_id: int,
     metrics: dict,
     completion_mask: list[int] | None = None,
+    routes=None,
 ):
     """One TRL `RolloutSample`: the loss covers the completion tokens (those of
     `completion_mask`, when a multi-turn episode interleaves the environment's), scored with the
-    actor's logprobs (the prompt's are never used)."""
+    actor's logprobs (the prompt's are never used). Recorded `routes` go beside it
+    (replay_batches.SAMPLE_ROUTES)."""
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
     prompt_len, completion_len = len(prompt_ids), len(completion_ids)
     mask = completion_mask if completion_mask is not None else [1] * completion_len
     assert len(mask) == completion_len, "one mask entry per completion token"
+    input_ids = np.array(prompt_ids + completion_ids, dtype=np.int64)
+    if routes is not None:
+        SAMPLE_ROUTES.attach(input_ids, trainer_routes(routes))
     return RolloutSample(
         prompt=prompt,
         completion=completion,
-        input_ids=np.array(prompt_ids + completion_ids, dtype=np.int64),
+        input_ids=input_ids,
         completion_mask=np.array([0] * prompt_len + list(mask), dtype=np.int64),
         old_log_probs=np.array([0.0] * prompt_len + list(logprobs), dtype=np.float32),
         advantage=advantage,

@@ -25,6 +25,8 @@ from trainers.trl_adapter.args import trl_args, trl_config
 from trainers.trl_adapter.lora import peft_config_for
 from trainers.trl_adapter.off_policy import RecordsMismatch, weighted_advantages
 from trainers.trl_adapter.planned_lengths import planned_lengths
+from trainers.trl_adapter.replay_batches import WithRoutes
+from trainers.trl_adapter.routing_replay import trainer_routes
 from trainers.trl_adapter.sharded import ShardedOnCpuRanks, fsdp_args, send_to_pool
 
 if TYPE_CHECKING:
@@ -102,11 +104,17 @@ def sync_trainer_class():
         """trl.GRPOTrainer whose CPU ranks shard like GPU ranks (`sharded.ShardedOnCpuRanks`),
         with the off-policy correction against the rollout's logprobs (`off_policy.py`)."""
 
+        sample_routes = None  # replay_batches.RoutesByTokens, with routing replay
+
         def _compute_loss(self, model, inputs):
             mode, cap = self.off_policy
-            return weighted_advantages(
+            if self.route_replay is not None:
+                model = WithRoutes(model, self.sample_routes.padded(inputs))
+            loss = weighted_advantages(
                 self, super()._compute_loss, model, inputs, mode, cap, self.record_mismatch
             )
+            self.record_routing()
+            return loss
 
     return PoolGRPOTrainer
 
@@ -189,6 +197,8 @@ def make_rollout_func(
                 out["prompt_ids"].append(sample.prompt_token_ids)
                 out["completion_ids"].append(sample.token_ids)
                 out["logprobs"].append(sample.logprobs)
+                if sample.routes is not None:  # recorded for routing replay
+                    out.setdefault("routes", []).append(sample.routes)
                 if environment is not None:
                     out["env_mask"].append(sample.completion_mask)
                     out["env_reward"].append(sample.reward)
@@ -199,7 +209,7 @@ def make_rollout_func(
         num_generations = trainer.args.num_generations
         accelerator = trainer.accelerator
         if accelerator.num_processes == 1:
-            return generate(prompts, num_generations)
+            return keep_routes(generate(prompts, num_generations), trainer)
         from accelerate.utils import broadcast_object_list, gather_object
 
         counts = gather_object([len(prompts)])
@@ -216,9 +226,19 @@ def make_rollout_func(
         if "error" in out:
             raise RuntimeError(f"rank 0's rollout failed: {out['error']}")
         start = sum(counts[: accelerator.process_index])
-        return {key: rows[start : start + len(prompts)] for key, rows in out.items()}
+        mine = {key: rows[start : start + len(prompts)] for key, rows in out.items()}
+        return keep_routes(mine, trainer)
 
     return rollout_func
+
+
+def keep_routes(out: dict, trainer) -> dict:
+    """The samples' routes go to the trainer's RoutesByTokens (routing replay), not to TRL."""
+    routes = out.pop("routes", None)
+    if routes is not None and getattr(trainer, "sample_routes", None) is not None:
+        converted = [trainer_routes(r) for r in routes]
+        trainer.sample_routes.replace(out["prompt_ids"], out["completion_ids"], converted)
+    return out
 
 
 def _key(prompt) -> str:

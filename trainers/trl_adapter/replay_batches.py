@@ -1,0 +1,162 @@
+"""The rollout's routes laid out like each TRL trainer's batch, for `routing_replay.RouteReplay`.
+
+Both trainers forward a batch laid out their own way, so each sample's routes
+([prompt + completion - 1, num_routers, top_k], `trainer_routes` form) are put where its tokens
+are:
+
+- streaming (AsyncGRPOTrainer): samples are folded into a prefix trie per row, a shared prefix
+  forwarded once. A sample's tokens are the root-to-leaf path through the trie that ends at its
+  last trained token's position (`tree_kv_index` lists each segment's path in order, one entry
+  per depth). `RoutesCollator` adds the `routes` [rows, tokens, num_routers, top_k] of every
+  packed position; a shared position takes its samples' common routes (they share it because
+  they share every token before it). The routes travel beside the samples: TRL's queue rebuilds
+  each sample as a dict of its own keys, so they are found by the sample's `input_ids` array
+  (`SAMPLE_ROUTES`).
+- sync (trl.GRPOTrainer): left-padded prompts then right-padded completions, found by their
+  tokens (`RoutesByTokens`, filled by the rollout function).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import torch
+
+from trainers.trl_adapter.routing_replay import ROUTES_KWARG
+
+
+class RoutesBySample:
+    """Each streamed sample's routes, found by the identity of its `input_ids` array (kept only
+    while that array lives, so a dropped sample leaves nothing behind)."""
+
+    def __init__(self) -> None:
+        self._routes: dict[int, np.ndarray] = {}
+
+    def attach(self, input_ids: np.ndarray, routes: np.ndarray) -> None:
+        key = id(input_ids)
+        self._routes[key] = routes
+        weakref.finalize(input_ids, self._routes.pop, key, None)
+
+    def find(self, input_ids: np.ndarray) -> np.ndarray:
+        routes = self._routes.get(id(input_ids))
+        if routes is None:
+            raise RuntimeError(
+                "routing replay: a rollout sample reached the trainer without its routes (the "
+                "actors must record them: the job turns rollout.engine.record_routes on)"
+            )
+        return routes
+
+    def __len__(self) -> int:
+        return len(self._routes)
+
+
+SAMPLE_ROUTES = RoutesBySample()
+
+
+def packed_routes(rows: list, batch: dict) -> torch.Tensor:
+    """[rows, tokens, num_routers, top_k] int16 for a collated AsyncGRPO batch (-1: no route)."""
+    samples = [[SAMPLE_ROUTES.find(s["input_ids"]) for s in row.samples] for row in rows]
+    route_shape = next(r.shape[1:] for row in samples for r in row)
+    out = np.full((*batch["input_ids"].shape, *route_shape), -1, dtype=np.int16)
+    for r, row_routes in enumerate(samples):
+        token_index = batch["token_index"][r].numpy()
+        segment_id = batch["segment_id"][r].numpy()
+        trained = token_index >= 0
+        token_index, segment_id = token_index[trained], segment_id[trained]
+        cu_q = batch["tree_cu_seqlens_q"][r].numpy()
+        cu_k = batch["tree_cu_seqlens_k"][r].numpy()
+        kv_index = batch["tree_kv_index"][r].numpy()
+        positions = batch["position_ids"][r].numpy()
+        for i, routes in enumerate(row_routes):
+            terms = token_index[segment_id == i]
+            if len(terms) == 0:
+                continue
+            last = int(terms.max())  # the deepest position the sample's loss reads
+            segment = int(np.searchsorted(cu_q[cu_q >= 0], last, side="right")) - 1
+            path = kv_index[cu_k[segment] : cu_k[segment + 1]]
+            depth = int(positions[last])
+            assert path[depth] == last, "the trie path of a sample must pass its positions"
+            n = min(depth + 1, len(routes))
+            out[r, path[:n]] = routes[:n]
+    return torch.from_numpy(out)
+
+
+def routes_collator_class():
+    """TRL's DataCollatorForRollout, with each packed position's routes added to the batch."""
+    from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollout
+
+    class RoutesCollator(DataCollatorForRollout):
+        def torch_call(self, examples):
+            batch = super().torch_call(examples)
+            batch["routes"] = packed_routes(examples[0], batch)
+            return batch
+
+    return RoutesCollator
+
+
+class RoutesByTokens:
+    """Sync mode: the routes of the current generation's samples, by (prompt, completion)."""
+
+    def __init__(self) -> None:
+        self._routes: dict[tuple, np.ndarray] = {}
+
+    def replace(self, prompts: list, completions: list, routes: list) -> None:
+        self._routes = {
+            (tuple(p), tuple(c)): r for p, c, r in zip(prompts, completions, routes, strict=True)
+        }
+
+    def padded(self, inputs: dict) -> torch.Tensor:
+        """[samples, prompt + completion columns, num_routers, top_k] for trl.GRPOTrainer's
+        batch: prompts left-padded, completions right-padded (-1: no route)."""
+        prompt_ids, prompt_mask = inputs["prompt_ids"].cpu(), inputs["prompt_mask"].cpu()
+        completion_ids, completion_mask = (
+            inputs["completion_ids"].cpu(),
+            inputs["completion_mask"].cpu(),
+        )
+        rows, prompt_cols = prompt_ids.shape
+        columns = prompt_cols + completion_ids.shape[1]
+        found = []
+        for b in range(rows):
+            p, c = int(prompt_mask[b].sum()), int(completion_mask[b].sum())
+            key = (
+                tuple(prompt_ids[b, prompt_cols - p :].tolist()),
+                tuple(completion_ids[b, :c].tolist()),
+            )
+            if key not in self._routes:
+                raise RuntimeError(
+                    "routing replay: a training sample whose routes the rollout did not return "
+                    "(its prompt and completion match no generated sample)"
+                )
+            found.append((p, c, self._routes[key]))
+        route_shape = found[0][2].shape[1:]
+        out = np.full((rows, columns, *route_shape), -1, dtype=np.int16)
+        for b, (p, c, routes) in enumerate(found):
+            out[b, prompt_cols - p : prompt_cols] = routes[:p]
+            tail = routes[p : p + c - 1]
+            out[b, prompt_cols : prompt_cols + len(tail)] = tail
+        return torch.from_numpy(out).to(inputs["prompt_ids"].device)
+
+
+class WithRoutes:
+    """Stands in for the model in trl.GRPOTrainer's `_compute_loss`: each call (a chunk of the
+    batch's rows, in order) gets those rows' routes as the forward's keyword argument."""
+
+    def __init__(self, model, routes: torch.Tensor) -> None:
+        self.model = model
+        self.routes = routes
+        self.next_row = 0
+
+    def __call__(self, *args, input_ids, **kwargs):
+        rows = input_ids.shape[0]
+        routes = self.routes[self.next_row : self.next_row + rows]
+        self.next_row += rows
+        if tuple(routes.shape[:2]) != tuple(input_ids.shape):
+            raise ValueError(
+                f"routing replay: routes for {tuple(routes.shape[:2])} tokens, a forward of "
+                f"{tuple(input_ids.shape)}"
+            )
+        return self.model(*args, input_ids=input_ids, **kwargs, **{ROUTES_KWARG: routes})
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
