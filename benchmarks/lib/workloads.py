@@ -108,6 +108,22 @@ TINY = dict(
     tie_word_embeddings=False,
 )
 
+TINY_MOE = dict(
+    arch="qwen3_moe",
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=32,
+    num_experts=16,
+    num_experts_per_tok=4,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=512,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+)
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -134,6 +150,7 @@ SHAPES = {
     "qwen3-8b": QWEN3_8B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
     "tiny": TINY,
+    "tiny-moe": TINY_MOE,
 }
 
 WORKLOADS = {

@@ -140,3 +140,71 @@ def test_fused_experts_agree_with_transformers_experts_in_bf16() -> None:
         for a, b in zip(x.token_ids, y.token_ids, strict=True)
     )
     assert same / sum(len(r.token_ids) for r in plain) > 0.8  # bf16: rounding may flip a near-tie
+
+
+ROUTES = dict(ON_GPU, num_kv_blocks=200, enable_prefix_caching=False, record_routes=True)
+
+
+def _own_routes(model, token_ids: list[int]):
+    """What the model's routers choose in a plain forward over all but the last token."""
+    import numpy as np
+
+    from rollout.engine.model.route_recording import model_routers
+
+    chosen = []
+    hooks = [
+        r.register_forward_hook(lambda m, a, out: chosen.append(out[2].cpu()))
+        for r in model_routers(model)
+    ]
+    with torch.no_grad():
+        model(torch.tensor([token_ids[:-1]], device="cuda"))
+    for h in hooks:
+        h.remove()
+    return np.sort(torch.stack(chosen, dim=1).numpy(), axis=-1)
+
+
+@pytest.mark.parametrize("compile_model", [False, True])
+def test_recorded_routes_under_graphs_equal_eager_and_transformers(compile_model: bool) -> None:
+    """Routes written inside captured (and compiled) steps and copied out with the tokens."""
+    import numpy as np
+
+    model = model_zoo.tiny_model("qwen3_moe").to("cuda")
+    params = SamplingParams(max_tokens=40, temperature=1.0, n=2, seed=3)
+    graphed = engine_for(model, ROUTES, compile_model=compile_model)
+    assert graphed.debug_internals().runner.prepared.route_recorder is not None
+    a = graphed.generate(PROMPTS, params)
+    assert graphed.stats().cuda_graphs > 0
+    b = engine_for(model, ROUTES, cuda_graphs=False, compile_model=compile_model).generate(
+        PROMPTS, params
+    )
+    agree = total = 0
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids == y.token_ids
+        assert np.array_equal(x.routes, y.routes)
+        full = x.prompt_token_ids + x.token_ids
+        assert x.routes.shape[0] == len(full) - 1
+        agree += (np.sort(x.routes, axis=-1) == _own_routes(model, full)).all(-1).sum()
+        total += x.routes.shape[0] * x.routes.shape[1]
+    assert agree / total > 0.999, agree / total  # fp32: only a rare near tie may differ
+
+
+def test_replayed_routes_give_transformers_the_engines_logprobs_on_the_gpu() -> None:
+    from tests.conftest import near_tie_moe
+    from trainers.trl_adapter.routing_replay import RouteReplay, replay_kwargs
+
+    model = near_tie_moe().to("cuda")
+    params = SamplingParams(max_tokens=24, temperature=1.0, seed=5)
+    results = engine_for(model, ROUTES).generate(PROMPTS, params)
+    RouteReplay(model)  # after the engine took its copy
+    worst = {False: 0.0, True: 0.0}
+    for r in results:
+        full = r.prompt_token_ids + r.token_ids
+        ids = torch.tensor([full], device="cuda")
+        for replay in (False, True):
+            extra = replay_kwargs(r.routes, len(full), "cuda") if replay else {}
+            with torch.no_grad():
+                logits = model(ids, **extra).logits[0, len(r.prompt_token_ids) - 1 : -1].float()
+            lp = logits.log_softmax(-1).gather(1, ids[0, len(r.prompt_token_ids) :, None])[:, 0]
+            gap = (lp.cpu() - torch.tensor(r.logprobs)).abs().max().item()
+            worst[replay] = max(worst[replay], gap)
+    assert worst[True] < 1e-3 < worst[False], worst

@@ -19,14 +19,20 @@ pytest.importorskip("trl")
 
 
 @pytest.mark.parametrize(
-    "policy, mode",
-    [("policy_dir", "streaming"), ("moe_policy_dir", "streaming"), ("policy_dir", "sync")],
+    "policy, mode, replay",
+    [
+        ("policy_dir", "streaming", False),
+        ("moe_policy_dir", "streaming", False),
+        ("moe_policy_dir", "streaming", True),
+        ("policy_dir", "sync", False),
+    ],
 )
 def test_three_grpo_steps_with_an_actor_on_the_gpu(
-    tmp_path, policy, mode, prompts_file, request
+    tmp_path, policy, mode, replay, prompts_file, request
 ) -> None:
-    """A dense and an MoE policy (the actor runs the MoE experts with the fused kernel), and
-    trl.GRPOTrainer (sync mode)."""
+    """A dense and an MoE policy (the actor runs the MoE experts with the fused kernel; with
+    routing replay it records their routes inside its CUDA graphs), and trl.GRPOTrainer (sync
+    mode)."""
     from trainers.job import run_job
     from trainers.job.config_loading import load_config
 
@@ -40,6 +46,7 @@ def test_three_grpo_steps_with_an_actor_on_the_gpu(
             f"dataset.source={prompts_file}",
             "trainer.max_steps=3",
             f"trainer.mode={mode}",
+            f"trainer.routing_replay={str(replay).lower()}",
             "trainer.num_generations=4",
             "trainer.prompts_per_step=2",
             "trainer.max_completion_length=16",
@@ -55,6 +62,8 @@ def test_three_grpo_steps_with_an_actor_on_the_gpu(
     parity = [d for d in summary["logprob_max_abs_diff"] if d is not None]
     # fp32 on both sides; the actor runs Triton paged attention and CUDA graphs.
     assert parity and max(parity) < 1e-3
+    if replay:  # every training forward took the actor's routes
+        assert summary["routing_flipped_fraction"] is not None
     expected_backend = "nccl" if torch.cuda.device_count() > 1 else "cuda_ipc"
     assert summary["weight_sync_backend"] == expected_backend
 

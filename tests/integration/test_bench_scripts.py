@@ -205,3 +205,16 @@ def test_bench_decode_regimes_names_kernel_kinds() -> None:
     assert kind("something_else") == "other"
     with pytest.raises(SystemExit, match="is not BxC"):
         _script("bench_decode_regimes").parse_points("8x2048,oops")
+
+
+def test_bench_mismatch_smoke_reports_each_position_bucket(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("ROLLOUT_COMMIT", "abc1234")
+    out = tmp_path / "mismatch.json"
+    _script("bench_mismatch").main(["--smoke", "--json-out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["commit"] == "abc1234" and report["route_bytes_per_token"] == 2 * 4
+    assert set(report["runs"]) == {"own_routing", "replayed_routes"}
+    for rows in report["runs"].values():
+        assert [r["positions"] for r in rows] == [[0, 40]] and rows[0]["tokens"] == 2 * 40
+        assert rows[0]["abs_dlogp_max"] < 1e-4  # fp32 on CPU: the same model twice
+    assert report["runs"]["own_routing"][0]["flipped_fraction"] == 0.0
