@@ -146,9 +146,10 @@ def measure(args) -> dict:
     started = time.perf_counter()
     results = engine.generate([prompt], params)
     rollout_s = time.perf_counter() - started
+    print(f"[mismatch] rollout of {args.samples} x {args.length} tokens: {rollout_s:.1f} s")
     trainer = trainer_model(engine.model)
     replay = RouteReplay(trainer) if moe else None
-    runs = {"own_routing": ([], [], [])}
+    runs = {"own_routing": ([], [], [] if moe else None)}
     if moe:
         runs["replayed_routes"] = ([], [], None)
     for r in results:

@@ -218,3 +218,7 @@ def test_bench_mismatch_smoke_reports_each_position_bucket(tmp_path, monkeypatch
         assert [r["positions"] for r in rows] == [[0, 40]] and rows[0]["tokens"] == 2 * 40
         assert rows[0]["abs_dlogp_max"] < 1e-4  # fp32 on CPU: the same model twice
     assert report["runs"]["own_routing"][0]["flipped_fraction"] == 0.0
+    dense = _script("bench_mismatch").main(
+        ["--shape", "tiny", "--samples", "2", "--length", "40", "--prompt-len", "8"]
+    )
+    assert list(dense["runs"]) == ["own_routing"] and dense["route_bytes_per_token"] == 0
