@@ -55,7 +55,7 @@ def test_two_grpo_steps_through_ray_actors(tmp_path, policy_dir, prompts_file, m
     ):
         assert key in written
     if mode == "streaming":  # what reached the trainer, by the staleness rule
-        assert written["staleness_rule"] == "last_token"
+        assert written["staleness_rule"] == "group_last_token"
         assert written["trained_samples"] >= 2 * 2 * 2 and written["trained_mean_length"] > 0
         assert written["generated_mean_length"] > 0 and written["staleness_per_token"] >= 0
     assert (tmp_path / "run" / "wandb").exists(), "W&B wrote its offline run under the output dir"

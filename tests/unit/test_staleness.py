@@ -13,7 +13,7 @@ import pytest
 from rollout.actors.messages import CompletedGroup, FinishedSample
 from rollout.engine.sampling_params import SamplingParams
 from trainers.job.config import STALENESS_RULES, TrainerConfig
-from trainers.trl_adapter.staleness import sample_version, trl_version
+from trainers.trl_adapter.staleness import StalenessGate, sample_version, trl_version
 
 pytest.importorskip("trl")
 
@@ -155,3 +155,23 @@ def test_group_last_token_keeps_a_long_samples_short_sibling() -> None:
     assert trained.count(LONG) == 1 and counts["dropped_samples"] == 1
     trained, counts = _run("group_last_token", sibling=True)
     assert trained.count(LONG) == 1 and counts["dropped_samples"] == 0
+
+
+def test_bounded_admission_holds_prompts_the_trainer_would_take_too_late() -> None:
+    version = [0]
+    gate = StalenessGate(2, lambda: version[0])
+    assert gate.admits(4, in_flight=40, max_staleness=2), "the pace is unknown: admit"
+    for _ in range(12):
+        gate.put_sample(object(), 0, 10)
+    for step in range(2):  # the trainer takes 4 samples a version
+        for _ in range(4):
+            gate.get()
+        version[0] += 1
+    assert gate.samples_per_version() == 4
+    # 4 queued + 4 generating + 4 new: the new group's last sample is 12 samples (3 versions)
+    # behind, within max_staleness=2 (+ the version it is generated in).
+    assert gate.admits(4, in_flight=4, max_staleness=2)
+    assert not gate.admits(4, in_flight=8, max_staleness=2)
+    assert gate.admits(4, in_flight=8, max_staleness=3)
+    empty = StalenessGate(2, lambda: version[0])
+    assert empty.admits(64, in_flight=0, max_staleness=0), "nothing ahead: always admit"

@@ -127,13 +127,17 @@ class TrainerConfig:
     max_staleness: int = 2
     """Streaming: a sample more than this many weight versions behind the trainer's when it
     reaches the trainer is dropped (its age as `staleness` measures it)."""
-    staleness: str = "last_token"
+    staleness: str = "group_last_token"
     """Streaming: a sample's weight version, as the drop rule reads it (weights change in place,
-    so a long sample's tokens come from several versions). "last_token": its newest token's (a
-    sample is never dropped for being long); "group_last_token": its group's newest token's (a
-    group kept or dropped whole, so a long sample's short siblings are kept with it);
-    "mean_token": the mean over its tokens; "first_token": its oldest token's (drops long
-    samples first)."""
+    so a long sample's tokens come from several versions). "group_last_token": its group's
+    newest token's (a group is kept or dropped whole: no sample is dropped for being long, nor
+    for waiting, finished, for a long sibling); "last_token": its own newest token's (never
+    dropped for being long, but a long sample's short siblings may be); "mean_token": the mean
+    over its tokens; "first_token": its oldest token's (drops long samples first)."""
+    bounded_admission: bool = True
+    """Streaming: hold new prompts while the samples queued and generating would already take
+    the trainer more than max_staleness versions to reach, at the pace it takes them (AReaL's
+    bound on staleness at admission): generating what would be dropped is not started."""
     off_policy_correction: str = "none"
     """How the loss corrects for tokens sampled by other weights than the trainer's (older
     versions, another kernel and dtype): "none" (TRL's PPO ratio against the rollout's

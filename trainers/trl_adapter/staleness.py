@@ -107,6 +107,7 @@ class StalenessGate(queue.Queue):
         self.metrics = metrics
         self.counts = StalenessCounts()
         self._counting = threading.Lock()
+        self._first_take: tuple[int, int] | None = None  # (trainer version, samples taken then)
 
     def put_sample(self, sample, version: float, tokens: int) -> None:
         """`version`: the sample's version by the job's rule; `tokens`: its completion tokens."""
@@ -120,11 +121,36 @@ class StalenessGate(queue.Queue):
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             entry: _Entry = super().get(block, left)
-            age = self.current_version() - entry.version
+            current = self.current_version()
+            age = current - entry.version
             if age <= self.max_staleness:
+                if self._first_take is None:
+                    self._first_take = (current, self.counts.trained_samples)
                 self._count(entry, dropped=False, age=age)
                 return entry.sample
             self._count(entry, dropped=True, age=age)
+
+    def samples_per_version(self) -> float | None:
+        """How many samples the trainer takes per weight version, on average since its first
+        take (None until its version has moved on from that one)."""
+        if self._first_take is None:
+            return None
+        version, taken = self._first_take
+        versions = self.current_version() - version
+        if versions < 1:
+            return None
+        return (self.counts.trained_samples - taken) / versions
+
+    def admits(self, group_size: int, in_flight: int, max_staleness: int) -> bool:
+        """Bounded admission: whether a new group of `group_size` samples, behind the queued
+        samples and `in_flight` generating ones, would reach the trainer within `max_staleness`
+        versions at the trainer's pace (those ahead are taken first). Always when nothing is
+        ahead, and until the pace is known."""
+        ahead = self.qsize() + in_flight
+        rate = self.samples_per_version()
+        if ahead == 0 or rate is None:
+            return True
+        return ahead + group_size <= (max_staleness + 1) * rate
 
     def _count(self, entry: _Entry, dropped: bool, age: float) -> None:
         with self._counting:

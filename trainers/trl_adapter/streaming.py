@@ -59,6 +59,7 @@ def trainer_for_job(job: JobInputs, sampling: SamplingParams, transfer, rewards:
         max_staleness=job.config.trainer.max_staleness,
         staleness=job.config.trainer.staleness,
         planned=planned_lengths(job.config.rollout.planned_lengths),
+        bounded_admission=job.config.trainer.bounded_admission,
     )
     args = trl_args(job.config, job.out, job.on_cpu) | streaming_trl_args(job.config)
     if job.num_processes > 1:
@@ -153,8 +154,9 @@ class PoolRolloutWorker:
         environment: str | None = None,
         episode_limits=None,
         max_staleness: int = 2,
-        staleness: str = "last_token",
+        staleness: str = "group_last_token",
         planned: PlannedLengths | None = None,
+        bounded_admission: bool = False,
     ) -> None:
         self.pool = pool
         self.dataset = dataset
@@ -165,6 +167,9 @@ class PoolRolloutWorker:
         self.on_group = on_group
         self.metrics_queue: queue.Queue = queue.Queue()
         self.staleness = staleness
+        self.max_staleness = max_staleness
+        self.bounded_admission = bounded_admission
+        """Hold new prompts while they would reach the trainer too late (StalenessGate.admits)."""
         self.planned = planned
         """Benchmark mode: each sample's length drawn in advance (planned_lengths.py)."""
         self.model_version = 0
@@ -215,6 +220,7 @@ class PoolRolloutWorker:
                 while (
                     len(rows) < self.max_inflight_groups
                     and self.rollout_buffer.qsize() < self.max_inflight_groups * self.sampling.n
+                    and self._admits(len(rows))
                 ):
                     row = self.dataset[self.cursor % len(self.dataset)]
                     self.cursor += 1
@@ -241,6 +247,12 @@ class PoolRolloutWorker:
                 self._last_progress = time.time()
         except BaseException as err:  # noqa: BLE001 - surfaced by check_health
             self._error = err
+
+    def _admits(self, groups_in_flight: int) -> bool:
+        if not self.bounded_admission:
+            return True
+        n = self.sampling.n
+        return self.rollout_buffer.admits(n, groups_in_flight * n, self.max_staleness)
 
     def dataset_position(self, trained_groups: set[int]) -> int:
         """The dataset row of the first group not trained on yet (groups are numbered in
