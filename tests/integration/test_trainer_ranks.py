@@ -543,3 +543,34 @@ def test_colocated_ranks_each_sync_the_actor_beside_them(
         assert 0 < summary["weight_sync_bytes"] < model_bytes / 5, "two adapters moved"
     else:
         assert summary["weight_sync_bytes"] == 2 * model_bytes, "each rank sent one copy"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["streaming", "sync"])
+def test_routing_replay_across_two_sharded_ranks(tmp_path, near_tie_moe_dir, prompts_file, mode):
+    """Each FSDP2 rank's forward takes its own rows' routes (streaming: rank 0 packs them for
+    every row, the dispatcher slices them; sync: each rank keeps its slice of the rollout's).
+    A near-tie MoE whose weights do not move: any gap left would be routing."""
+    from trainers.job import run_job
+    from trainers.job.config_loading import load_config
+
+    summary = run_job(
+        load_config(
+            None,
+            _job_overrides(
+                tmp_path / "run",
+                near_tie_moe_dir,
+                prompts_file,
+                "trainer.routing_replay=true",
+                "trainer.learning_rate=1e-12",  # below the rounding of every weight
+                "trainer.temperature=1.0",
+                "trainer.num_processes=2",
+                f"trainer.mode={mode}",
+                "trainer.max_steps=2",
+            ),
+        )  # fmt: skip
+    )
+    assert summary["steps"] == 2 and summary["routing_flipped_fraction"] > 0
+    assert abs(summary["off_policy"]["kl"]) < 1e-6, summary["off_policy"]
+    parity = [d for d in summary["logprob_max_abs_diff"] if d is not None]
+    assert parity and max(parity) < 1e-4
