@@ -163,7 +163,7 @@ def test_bounded_admission_holds_prompts_the_trainer_would_take_too_late() -> No
     assert gate.admits(4, in_flight=40, max_staleness=2), "the pace is unknown: admit"
     for _ in range(12):
         gate.put_sample(object(), 0, 10)
-    for step in range(2):  # the trainer takes 4 samples a version
+    for _ in range(2):  # the trainer takes 4 samples a version
         for _ in range(4):
             gate.get()
         version[0] += 1
