@@ -134,10 +134,11 @@ class TrainerConfig:
     for waiting, finished, for a long sibling); "last_token": its own newest token's (never
     dropped for being long, but a long sample's short siblings may be); "mean_token": the mean
     over its tokens; "first_token": its oldest token's (drops long samples first)."""
-    bounded_admission: bool = True
+    bounded_admission: bool = False
     """Streaming: hold new prompts while the samples queued and generating would already take
     the trainer more than max_staleness versions to reach, at the pace it takes them (AReaL's
-    bound on staleness at admission): generating what would be dropped is not started."""
+    bound on staleness at admission): fewer samples generated only to be dropped, but the actors
+    idle while prompts are held (docs/performance.md measures both sides), hence off."""
     off_policy_correction: str = "none"
     """How the loss corrects for tokens sampled by other weights than the trainer's (older
     versions, another kernel and dtype): "none" (TRL's PPO ratio against the rollout's
