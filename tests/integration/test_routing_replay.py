@@ -106,7 +106,7 @@ def trainer_logprobs(model, full: list[int], prompt_len: int, routes=None) -> to
     if routes is not None:
         kwargs[ROUTES_KWARG] = torch.from_numpy(trainer_routes(routes))[None]
         # the last token is fed in training but never was in the rollout: no route
-        pad = torch.full((1, 1, *kwargs[ROUTES_KWARG].shape[2:]), -1, dtype=torch.int16)
+        pad = torch.full((1, 1, *kwargs[ROUTES_KWARG].shape[2:]), -1, dtype=torch.int32)
         kwargs[ROUTES_KWARG] = torch.cat([kwargs[ROUTES_KWARG], pad], dim=1)
     logits = model(torch.tensor([full]), **kwargs).logits[0, prompt_len - 1 : -1].float()
     logps = torch.log_softmax(logits, dim=-1)
@@ -144,7 +144,7 @@ def test_replay_keeps_the_routers_gradient_and_leaves_plain_forwards_alone() -> 
     ids = random_prompts((12,), seed=2)[0]
     plain = model(torch.tensor([ids])).logits
     assert torch.equal(plain, reference(torch.tensor([ids])).logits)  # no routes: own routing
-    routes = own_routes(reference, ids + [0]).astype(np.int16)  # routes of all 12 tokens
+    routes = own_routes(reference, ids + [0]).astype(np.int32)  # routes of all 12 tokens
     replayed = model(torch.tensor([ids]), **{ROUTES_KWARG: torch.from_numpy(routes)[None]})
     assert torch.equal(replayed.logits, plain)  # its own choices replayed: the same forward
     replayed.logits.logsumexp(-1).sum().backward()

@@ -1,17 +1,19 @@
 """The rollout's routes laid out like each TRL trainer's batch, for `routing_replay.RouteReplay`.
 
 Both trainers forward a batch laid out their own way, so each sample's routes
-([prompt + completion - 1, num_routers, top_k], `trainer_routes` form) are put where its tokens
+([prompt + completion - 1, num_routers, top_k], recorded) are put, in `trainer_routes` form, where its tokens
 are:
 
 - streaming (AsyncGRPOTrainer): samples are folded into a prefix trie per row, a shared prefix
-  forwarded once. A sample's tokens are the root-to-leaf path through the trie that ends at its
-  last trained token's position (`tree_kv_index` lists each segment's path in order, one entry
-  per depth). `RoutesCollator` adds the `routes` [rows, tokens, num_routers, top_k] of every
-  packed position; a shared position takes its samples' common routes (they share it because
-  they share every token before it). The routes travel beside the samples: TRL's queue rebuilds
-  each sample as a dict of its own keys, so they are found by the sample's `input_ids` array
-  (`SAMPLE_ROUTES`).
+  forwarded once. Two samples that agree on a token's prefix may still have routed it
+  differently in the rollout (each computed it in its own batch position, and near ties go
+  either way), so `RoutesCollator` refolds each row with the routes in the key of every node
+  (`RoutedTreeRow`): a position is shared only where its routes are too. A sample's tokens are
+  then the root-to-leaf path through the trie that ends at its last trained token's position
+  (`tree_kv_index` lists each segment's path in order, one entry per depth), and the collator
+  adds the `routes` [rows, tokens, num_routers, top_k] of every packed position. The routes
+  travel beside the samples: TRL's queue rebuilds each sample as a dict of its own keys, so they
+  are found by the sample's `input_ids` array (`SAMPLE_ROUTES`).
 - sync (trl.GRPOTrainer): left-padded prompts then right-padded completions, found by their
   tokens (`RoutesByTokens`, filled by the rollout function).
 """
@@ -23,7 +25,7 @@ import weakref
 import numpy as np
 import torch
 
-from trainers.trl_adapter.routing_replay import ROUTES_KWARG
+from trainers.trl_adapter.routing_replay import ROUTES_KWARG, trainer_routes
 
 
 class RoutesBySample:
@@ -55,10 +57,10 @@ SAMPLE_ROUTES = RoutesBySample()
 
 
 def packed_routes(rows: list, batch: dict) -> torch.Tensor:
-    """[rows, tokens, num_routers, top_k] int16 for a collated AsyncGRPO batch (-1: no route)."""
+    """[rows, tokens, num_routers, top_k] int32 for a collated AsyncGRPO batch (-1: no route)."""
     samples = [[SAMPLE_ROUTES.find(s["input_ids"]) for s in row.samples] for row in rows]
     route_shape = next(r.shape[1:] for row in samples for r in row)
-    out = np.full((*batch["input_ids"].shape, *route_shape), -1, dtype=np.int16)
+    out = np.full((*batch["input_ids"].shape, *route_shape), -1, dtype=np.int32)
     for r, row_routes in enumerate(samples):
         token_index = batch["token_index"][r].numpy()
         segment_id = batch["segment_id"][r].numpy()
@@ -78,18 +80,56 @@ def packed_routes(rows: list, batch: dict) -> torch.Tensor:
             depth = int(positions[last])
             assert path[depth] == last, "the trie path of a sample must pass its positions"
             n = min(depth + 1, len(routes))
-            out[r, path[:n]] = routes[:n]
+            out[r, path[:n]] = trainer_routes(routes[:n])
     return torch.from_numpy(out)
 
 
+def routed_tree_row_class():
+    """TRL's TreeRow whose nodes are keyed on (token, next token, the token's routes): samples
+    share a position only where the rollout routed it the same way. Only `add` changes: the
+    planner placed the samples by TRL's sharing, so a refolded row may forward a few tokens more
+    than `token_budget` (the positions its samples routed differently)."""
+    from trl.experimental.async_grpo.packing import TreeRow
+
+    class RoutedTreeRow(TreeRow):
+        def add(self, sample) -> None:
+            ids = sample["input_ids"].tolist()
+            routes = SAMPLE_ROUTES.find(sample["input_ids"])
+            level, nodes = self.roots, []
+            for depth, (token, following) in enumerate(zip(ids, [*ids[1:], None], strict=True)):
+                key = (token, following, routes[depth].tobytes() if depth < len(routes) else None)
+                if key not in level:
+                    level[key] = len(self.tokens)
+                    self.tokens.append(token)
+                    self.children.append({})
+                    self.load += depth + 1
+                nodes.append(level[key])
+                level = self.children[nodes[-1]]
+            self.samples.append(sample)
+            self.sample_nodes.append(nodes)
+            self.groups.add(sample["group_id"])
+            self.trained += int(sample["completion_mask"].sum())
+
+    return RoutedTreeRow
+
+
 def routes_collator_class():
-    """TRL's DataCollatorForRollout, with each packed position's routes added to the batch."""
+    """TRL's DataCollatorForRollout over rows refolded by routes, with each packed position's
+    routes added to the batch."""
     from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollout
+
+    routed_row = routed_tree_row_class()
 
     class RoutesCollator(DataCollatorForRollout):
         def torch_call(self, examples):
-            batch = super().torch_call(examples)
-            batch["routes"] = packed_routes(examples[0], batch)
+            rows = []
+            for planned in examples[0]:
+                row = routed_row()
+                for sample in planned.samples:
+                    row.add(sample)
+                rows.append(row)
+            batch = super().torch_call([rows])
+            batch["routes"] = packed_routes(rows, batch)
             return batch
 
     return RoutesCollator
@@ -130,8 +170,9 @@ class RoutesByTokens:
                 )
             found.append((p, c, self._routes[key]))
         route_shape = found[0][2].shape[1:]
-        out = np.full((rows, columns, *route_shape), -1, dtype=np.int16)
-        for b, (p, c, routes) in enumerate(found):
+        out = np.full((rows, columns, *route_shape), -1, dtype=np.int32)
+        for b, (p, c, recorded) in enumerate(found):
+            routes = trainer_routes(recorded)
             out[b, prompt_cols - p : prompt_cols] = routes[:p]
             tail = routes[p : p + c - 1]
             out[b, prompt_cols : prompt_cols + len(tail)] = tail

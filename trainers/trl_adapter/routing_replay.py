@@ -10,7 +10,8 @@ so the router keeps its gradient. Where a token has no recorded route (padding, 
 token, which the rollout never fed), the router chooses as usual.
 
 The routes enter as a keyword argument of the model's forward, `routed_experts` ([batch, seq,
-num_routers, top_k] int16, -1 for no route), which transformers hands to every decoder layer; a
+num_routers, top_k] int32, -1 for no route: a type every collective broadcasts, as a
+multi-rank batch is), which transformers hands to every decoder layer; a
 pre-hook on each MoE decoder layer takes it for that layer's router. Passed that way, the routes
 are part of the layer's call, so gradient checkpointing's recompute replays them too. A forward
 without the argument routes as the model always does (the parity probe, the reference model).
@@ -31,8 +32,9 @@ ROUTES_KWARG = "routed_experts"
 
 
 def trainer_routes(routes: np.ndarray) -> np.ndarray:
-    """A sample's recorded routes in the trainer's form: int16, -1 for 'no route'."""
-    out = routes.astype(np.int16)
+    """A sample's recorded routes (kept in the engine's compact dtype until a batch is laid out)
+    in the trainer's form: int32, -1 for 'no route'."""
+    out = routes.astype(np.int32)
     out[routes == no_route(routes.dtype)] = -1
     return out
 
@@ -42,7 +44,7 @@ def replay_kwargs(routes: np.ndarray | None, length: int, device) -> dict:
     `routes` (the tokens past them route themselves); {} without routes."""
     if routes is None:
         return {}
-    full = np.full((length, *routes.shape[1:]), -1, dtype=np.int16)
+    full = np.full((length, *routes.shape[1:]), -1, dtype=np.int32)
     known = trainer_routes(routes)[:length]
     full[: len(known)] = known
     return {ROUTES_KWARG: torch.from_numpy(full)[None].to(device)}

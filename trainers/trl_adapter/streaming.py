@@ -29,7 +29,6 @@ from trainers.trl_adapter.args import trl_args, trl_config
 from trainers.trl_adapter.lora import peft_config_for
 from trainers.trl_adapter.planned_lengths import PlannedLengths, planned_lengths
 from trainers.trl_adapter.replay_batches import SAMPLE_ROUTES
-from trainers.trl_adapter.routing_replay import trainer_routes
 from trainers.trl_adapter.sharded import fsdp_args, pool_trainer_class
 from trainers.trl_adapter.staleness import StalenessGate, group_versions, trl_version
 from trainers.trl_adapter.tree_attention import TREE_ATTENTION_NAME, register_tree_attention
@@ -357,7 +356,7 @@ def rollout_sample(
     assert len(mask) == completion_len, "one mask entry per completion token"
     input_ids = np.array(prompt_ids + completion_ids, dtype=np.int64)
     if routes is not None:
-        SAMPLE_ROUTES.attach(input_ids, trainer_routes(routes))
+        SAMPLE_ROUTES.attach(input_ids, routes)
     return RolloutSample(
         prompt=prompt,
         completion=completion,

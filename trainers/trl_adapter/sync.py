@@ -26,7 +26,6 @@ from trainers.trl_adapter.lora import peft_config_for
 from trainers.trl_adapter.off_policy import RecordsMismatch, weighted_advantages
 from trainers.trl_adapter.planned_lengths import planned_lengths
 from trainers.trl_adapter.replay_batches import WithRoutes
-from trainers.trl_adapter.routing_replay import trainer_routes
 from trainers.trl_adapter.sharded import ShardedOnCpuRanks, fsdp_args, send_to_pool
 
 if TYPE_CHECKING:
@@ -236,8 +235,7 @@ def keep_routes(out: dict, trainer) -> dict:
     """The samples' routes go to the trainer's RoutesByTokens (routing replay), not to TRL."""
     routes = out.pop("routes", None)
     if routes is not None and getattr(trainer, "sample_routes", None) is not None:
-        converted = [trainer_routes(r) for r in routes]
-        trainer.sample_routes.replace(out["prompt_ids"], out["completion_ids"], converted)
+        trainer.sample_routes.replace(out["prompt_ids"], out["completion_ids"], routes)
     return out
 
 
