@@ -70,26 +70,6 @@ def sampled_logprobs(model, ids, extra: dict, chunk: int = 1024):
     return torch.cat(out)
 
 
-def own_routes(model, ids):
-    """[len, routers, top_k]: the trainer's own choices (a forward with hooks on the routers)."""
-    import torch
-
-    from rollout.engine.model.route_recording import model_routers
-
-    chosen = []
-    hooks = [
-        r.register_forward_hook(lambda m, a, out: chosen.append(out[2].cpu()))
-        for r in model_routers(model)
-    ]
-    try:
-        with torch.no_grad():
-            model.model(input_ids=ids[None])
-    finally:
-        for h in hooks:
-            h.remove()
-    return torch.stack(chosen, dim=1).numpy()
-
-
 def figures(diff, k3, flipped, length: int) -> list[dict]:
     """Per position bucket: |dlogp| mean and max, KL k1 and k3, flipped routes (MoE)."""
     import numpy as np
@@ -117,7 +97,7 @@ def measure(args) -> dict:
 
     from benchmarks.lib.workloads import SHAPES, build_model
     from rollout import EngineConfig, LLMEngine, SamplingParams
-    from trainers.trl_adapter.routing_replay import RouteReplay, replay_kwargs
+    from trainers.trl_adapter.routing_replay import RouteReplay, own_routes, replay_kwargs
 
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     dtype = "bfloat16" if device == "cuda" else "float32"

@@ -149,18 +149,9 @@ def _own_routes(model, token_ids: list[int]):
     """What the model's routers choose in a plain forward over all but the last token."""
     import numpy as np
 
-    from rollout.engine.model.route_recording import model_routers
+    from trainers.trl_adapter.routing_replay import own_routes
 
-    chosen = []
-    hooks = [
-        r.register_forward_hook(lambda m, a, out: chosen.append(out[2].cpu()))
-        for r in model_routers(model)
-    ]
-    with torch.no_grad():
-        model(torch.tensor([token_ids[:-1]], device="cuda"))
-    for h in hooks:
-        h.remove()
-    return np.sort(torch.stack(chosen, dim=1).numpy(), axis=-1)
+    return np.sort(own_routes(model, torch.tensor(token_ids[:-1], device="cuda")), axis=-1)
 
 
 @pytest.mark.parametrize("compile_model", [False, True])

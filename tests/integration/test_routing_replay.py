@@ -33,21 +33,10 @@ SMALL = dict(
 
 def own_routes(model, token_ids: list[int]) -> np.ndarray:
     """[len - 1, num_routers, top_k]: what the model's routers choose in a plain forward over
-    all but the last token."""
-    from rollout.engine.model.route_recording import model_routers
+    all but the last token (the tokens a rollout feeds)."""
+    from trainers.trl_adapter.routing_replay import own_routes as chosen
 
-    chosen = []
-    hooks = [
-        r.register_forward_hook(lambda m, args, out: chosen.append(out[2]))
-        for r in model_routers(model)
-    ]
-    try:
-        with torch.no_grad():
-            model(torch.tensor([token_ids[:-1]]))
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return torch.stack(chosen, dim=1).numpy()
+    return chosen(model, torch.tensor(token_ids[:-1]))
 
 
 def same_sets(a: np.ndarray, b: np.ndarray) -> np.ndarray:

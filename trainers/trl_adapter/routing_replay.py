@@ -39,6 +39,24 @@ def trainer_routes(routes: np.ndarray) -> np.ndarray:
     return out
 
 
+def own_routes(model: torch.nn.Module, input_ids: torch.Tensor) -> np.ndarray:
+    """[tokens, num_routers, top_k]: the experts the model's own routers choose in a plain
+    forward over one sequence's `input_ids` (no routes replayed; for comparing with recorded
+    ones)."""
+    chosen = []
+    hooks = [
+        router.register_forward_hook(lambda m, args, out: chosen.append(out[2].cpu()))
+        for router in model_routers(model)
+    ]
+    try:
+        with torch.no_grad():
+            model(input_ids=input_ids.reshape(1, -1), logits_to_keep=1)  # the routes, not logits
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return torch.stack(chosen, dim=1).numpy()
+
+
 def replay_kwargs(routes: np.ndarray | None, length: int, device) -> dict:
     """The forward's keyword argument for one sequence of `length` tokens with its recorded
     `routes` (the tokens past them route themselves); {} without routes."""
