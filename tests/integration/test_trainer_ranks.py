@@ -138,7 +138,7 @@ class _GatheringTransfer:
 def _fixed_samples(vocab: int, groups: int = 12, per_group: int = 1):
     import random
 
-    from trainers.trl_adapter.streaming import rollout_sample
+    from trainers.trl_adapter.rollout_worker import rollout_sample
 
     rng = random.Random(0)
     samples = []

@@ -151,7 +151,7 @@ def _group(reasons: list[str]):
 
 
 def test_error_samples_are_counted_and_left_out() -> None:
-    from trainers.trl_adapter.streaming import PoolRolloutWorker
+    from trainers.trl_adapter.rollout_worker import PoolRolloutWorker
 
     worker = PoolRolloutWorker(None, [], None, [], None, max_inflight_groups=1)
     assert len(worker._usable(_group(["stop", "length"]))) == 2
@@ -161,7 +161,7 @@ def test_error_samples_are_counted_and_left_out() -> None:
 
 
 def test_a_run_whose_first_samples_all_fail_stops_with_the_error() -> None:
-    from trainers.trl_adapter.streaming import PoolRolloutWorker
+    from trainers.trl_adapter.rollout_worker import PoolRolloutWorker
 
     worker = PoolRolloutWorker(None, [], None, [], None, max_inflight_groups=1)
     with pytest.raises(
@@ -171,7 +171,7 @@ def test_a_run_whose_first_samples_all_fail_stops_with_the_error() -> None:
 
 
 def test_the_dataset_position_is_the_first_untrained_group() -> None:
-    from trainers.trl_adapter.streaming import PoolRolloutWorker
+    from trainers.trl_adapter.rollout_worker import PoolRolloutWorker
 
     worker = PoolRolloutWorker(None, [], None, [], None, max_inflight_groups=1, start_cursor=10)
     assert worker.dataset_position(set()) == 10

@@ -72,7 +72,7 @@ class _ScriptedPool:
 def _run(rule: str, sibling: bool = False) -> tuple[list[int], dict]:
     """The scripted run under `rule`, consumed as AsyncGRPOTrainer does: four samples a step,
     then a sync (version + 1); returns the lengths handed to the trainer and the counts."""
-    from trainers.trl_adapter.streaming import PoolRolloutWorker
+    from trainers.trl_adapter.rollout_worker import PoolRolloutWorker
 
     def longer_is_better(prompts, completions, **columns):
         return [float(len(c)) for c in completions]

@@ -3,6 +3,11 @@ package (tested with trl==1.16.0, pinned in pyproject.toml).
 
 - builder.py         the job's trainer: picks the mode, builds what both modes share
 - streaming.py       streaming mode: AsyncGRPOTrainer fed by PoolRolloutWorker
+- rollout_worker.py  PoolRolloutWorker: the pool's groups scored into TRL's queue
+- staleness.py       each sample's version by trainer.staleness; the gate that drops stale ones
+- off_policy.py      trainer.off_policy_correction in both modes' losses, the mismatch logged
+- routing_replay.py  trainer.routing_replay: the trainer's routers take the rollout's experts;
+                     replay_batches.py lays the routes out like each mode's batch
 - sharded.py         streaming mode across ranks: FSDP2 through accelerate (CPU ranks too), and
                      the sync from sharded parameters, gathered a whole bucket before its transfer
 - sync.py            sync mode: trl.GRPOTrainer with a rollout_func on the pool
