@@ -190,6 +190,26 @@ def check_decode_linear() -> float:
     return worst
 
 
+def check_fp8_linear() -> float:
+    """The FP8-weight GEMM against its twin: ragged rows, columns and K (masked tails), with and
+    without bias, a zero row (scale 1); then K a tile multiple."""
+    from rollout.kernels import torch_fp8, triton_fp8_linear
+
+    g = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for rows, n, k, use_bias in [(5, 100, 300, True), (16, 64, 1024, False), (33, 40, 700, True)]:
+        x = torch.randn(rows, k, generator=g)
+        weight = torch.randn(n, k, generator=g)
+        weight[3] = 0.0
+        q, scale = torch_fp8.quantize_rows(weight)
+        bias = torch.randn(n, generator=g) if use_bias else None
+        y = torch.empty(rows, n)
+        triton_fp8_linear.launch(x, q, scale, bias, y, 32, 256, 2)
+        want = torch_fp8.fp8_linear_reference(x, q, scale, bias)
+        worst = max(worst, _error(y, want))
+    return worst
+
+
 def check_fused_experts() -> float:
     """Experts picked by many, one and no tokens (an expert with more pairs than BLOCK_M loops),
     ragged hidden and intermediate sizes (masked tails)."""
@@ -313,6 +333,7 @@ if __name__ == "__main__":
         ("verification rows in the decode kernel", check_verification),
         ("write_kv", check_write_kv),
         ("decode_linear", check_decode_linear),
+        ("fp8_linear", check_fp8_linear),
         ("fused_experts", check_fused_experts),
         ("counting sort of the experts' pairs", check_counting_sort),
         ("softmax top-k routing", check_top_k_routing),

@@ -22,7 +22,7 @@ _OPTIONS = ("num_warps", "num_stages", "num_ctas")
 _POINTEE = {
     "torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16",
     "torch.int64": "i64", "torch.int32": "i32", "torch.int16": "i16", "torch.int8": "i8",
-    "torch.uint8": "u8", "torch.bool": "i1",
+    "torch.uint8": "u8", "torch.bool": "i1", "torch.float8_e4m3fn": "fp8e4nv",
 }  # fmt: skip
 
 

@@ -73,3 +73,23 @@ def test_routed_model_matches_and_trains_through_plain_linears(monkeypatch) -> N
     routed.lm_head.weight.requires_grad_(True)
     routed(input_ids=ids, use_cache=False).logits.float().sum().backward()
     assert not launches and routed.lm_head.weight.grad is not None
+
+
+@pytest.mark.parametrize(
+    "rows,n,k", [(1, 4096, 4096), (7, 1000, 896), (32, 4096, 14336), (64, 128256, 4096)]
+)
+def test_fp8_linear_matches_its_twin(rows: int, n: int, k: int) -> None:
+    """FP8 weights (e4m3, a scale per output row) at decode's rows: the kernel against the
+    dequantized weights' fp32 GEMM, bf16 activations."""
+    from rollout.kernels.torch_fp8 import fp8_linear_reference, quantize_rows
+    from rollout.kernels.triton_fp8_linear import fp8_linear, supported
+
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    q, scale = quantize_rows(torch.randn(n, k, device="cuda", generator=g) * 0.02)
+    assert supported(x, q)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=g)
+    for b in (None, bias):
+        got = fp8_linear(x, q, scale, b)
+        want = fp8_linear_reference(x.float(), q, scale, None if b is None else b.float())
+        assert _rel_error(got, want) < 1e-2

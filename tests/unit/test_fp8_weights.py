@@ -1,0 +1,51 @@
+"""FP8 weights (rollout/kernels/torch_fp8.py): the e4m3 rounding with per-row scales, and the
+GEMM entry point off the GPU (the Triton kernel itself: tests/triton_interpreter_check.py and the
+GPU tests)."""
+
+from __future__ import annotations
+
+import torch
+
+from rollout.kernels.torch_fp8 import (
+    FP8_DTYPE,
+    FP8_MAX,
+    dequantize_rows,
+    fp8_linear_reference,
+    quantize_rows,
+)
+
+
+def test_each_row_uses_the_whole_range_and_rounds_within_e4m3s_precision() -> None:
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(48, 200, generator=g) * torch.logspace(-3, 1, 48)[:, None]
+    weight[7] = 0.0
+    q, scale = quantize_rows(weight)
+    assert q.dtype == FP8_DTYPE and q.shape == weight.shape and scale.shape == (48,)
+    assert scale[7] == 1.0 and torch.all(q[7].float() == 0)
+    rows = [r for r in range(48) if r != 7]
+    # the largest magnitude of every row lands on the format's largest value
+    assert torch.equal(q[rows].float().abs().amax(dim=1), torch.full((47,), FP8_MAX))
+    back = dequantize_rows(q, scale, torch.float32)
+    # 3 mantissa bits: half a step is 1/16 of the value; below 2^-6 (subnormals) a fixed step
+    bound = torch.maximum(weight.abs() / 16, scale[:, None] * 2.0**-10)
+    assert torch.all((back - weight).abs() <= bound * (1 + 1e-6))
+
+
+def test_expert_weights_get_one_scale_per_expert_row() -> None:
+    experts = torch.randn(4, 6, 32)
+    q, scale = quantize_rows(experts)
+    assert q.shape == experts.shape and scale.shape == (4, 6)
+    assert torch.allclose(dequantize_rows(q, scale, torch.float32), experts, rtol=0.07, atol=1e-3)
+
+
+def test_the_fp8_gemm_off_the_gpu_is_the_dequantized_weights_gemm() -> None:
+    from rollout.kernels.triton_fp8_linear import fp8_linear
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 5, 64, generator=g)
+    q, scale = quantize_rows(torch.randn(40, 64, generator=g))
+    bias = torch.randn(40, generator=g)
+    y = fp8_linear(x, q, scale, bias)
+    plain = torch.nn.functional.linear(x, dequantize_rows(q, scale, torch.float32), bias)
+    assert y.shape == (3, 5, 40) and torch.equal(y, plain)
+    torch.testing.assert_close(y, fp8_linear_reference(x, q, scale, bias), rtol=1e-5, atol=1e-5)
