@@ -60,6 +60,7 @@ class ReadyRollouts:
         self.model_version = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
 
     def _step_samples(self) -> int:
         return self.config.trainer.prompts_per_step * self.config.trainer.num_generations
@@ -75,10 +76,18 @@ class ReadyRollouts:
         self.model_version = model_version
 
     def check_health(self, stale_after_s: float) -> None:
-        pass
+        """TRL asks while it waits for samples: the feeder's failure ends the run there."""
+        if self._error is not None:
+            raise RuntimeError("the ready-rollout feeder failed") from self._error
 
     def _run(self) -> None:
-        from trainers.trl_adapter.streaming import rollout_sample
+        try:
+            self._feed()
+        except BaseException as err:  # noqa: BLE001 - surfaced by check_health
+            self._error = err
+
+    def _feed(self) -> None:
+        from trainers.trl_adapter.rollout_worker import rollout_sample
 
         t = self.config.trainer
         group_id = 0
