@@ -43,7 +43,7 @@ class _Pool:
 
 
 def test_the_streaming_sample_masks_the_environments_tokens() -> None:
-    from trainers.trl_adapter.streaming import rollout_sample
+    from trainers.trl_adapter.rollout_worker import rollout_sample
 
     s = _sample(0, 0)
     row = rollout_sample("q", "a", s.prompt_token_ids, s.token_ids, s.logprobs, 1.0, 0, 0, {},
@@ -77,7 +77,7 @@ def test_the_sync_rollout_func_gives_trl_env_mask_and_env_reward() -> None:
 def test_the_streaming_worker_surfaces_a_failing_reward_as_it_is() -> None:
     """Not wrapped in a generic 'rollout worker failed': train_grpo.py reports it in one line."""
     from trainers.task.reward_loading import RewardFunctionError
-    from trainers.trl_adapter.streaming import PoolRolloutWorker
+    from trainers.trl_adapter.rollout_worker import PoolRolloutWorker
 
     def judge(prompts, completions, **columns):
         raise ValueError("no judge")
