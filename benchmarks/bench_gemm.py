@@ -1,7 +1,9 @@
-"""Decode-time GEMMs alone: cuBLAS (torch.matmul) against our Triton decode_linear kernel.
+"""Decode-time GEMMs alone: cuBLAS (torch.matmul) against our Triton decode_linear kernel, over
+the bf16 weight and over its FP8 form (e4m3, a scale per output row).
 
     python benchmarks/bench_gemm.py                 # w1's projections (Llama-3-8B shape) at M = 32
     python benchmarks/bench_gemm.py --m 64 --sweep  # also try every tile choice of the Triton kernel
+    python benchmarks/bench_gemm.py --shapes qwen3-8b --m 8
 
 At decode, every projection multiplies a few rows (M = running sequences) by a large weight, so
 its time is the weight read: effective bandwidth = weight bytes / kernel time. Each timing replays
@@ -27,8 +29,18 @@ W1_SHAPES = [
     ("down", 4096, 14336),
     ("lm_head", 128256, 4096),
 ]
+# ... and of Qwen3-8B's (its LM head stays bf16 with FP8 weights).
+QWEN3_8B_SHAPES = [
+    ("qkv", 6144, 4096),
+    ("o_proj", 4096, 4096),
+    ("gate_up", 24576, 4096),
+    ("down", 4096, 12288),
+    ("lm_head", 151936, 4096),
+]
+SHAPES = {"w1": W1_SHAPES, "qwen3-8b": QWEN3_8B_SHAPES}
 L2_BYTES = 64 << 20  # a little above the H200's 50 MB
 SWEEP = list(itertools.product((16, 32, 64), (128, 256), (3, 4, 6)))  # BLOCK_N, BLOCK_K, stages
+FP8_SWEEP = list(itertools.product((16, 32, 64), (256, 512), (2, 3, 4, 6)))
 
 
 def time_in_graph(fn, copies: int, replays: int = 20) -> float:
@@ -60,28 +72,43 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
     import torch
 
     from rollout.kernels import triton_linear
+    from rollout.kernels.torch_fp8 import FP8_DTYPE, round_to_fp8_
 
     weight_bytes = n * k * 2
     copies = max(2, -(-4 * L2_BYTES // weight_bytes))  # together well past the L2 cache
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    fp8 = []
+    for w in weights:  # each weight rounded to its FP8 value, beside its FP8 form
+        q, scale = torch.empty(n, k, device="cuda", dtype=FP8_DTYPE), torch.empty(n, device="cuda")
+        round_to_fp8_(w, q, scale)
+        fp8.append((q, scale))
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     want = (x @ weights[0].T).float()
-    got = triton_linear.decode_linear(x, weights[0], None).float()
+
+    def rel_error(got):
+        return ((got.float() - want).norm() / want.norm()).item()
+
     row = {
         "name": name,
         "n": n,
         "k": k,
         "m": m,
-        "rel_error": ((got - want).norm() / want.norm()).item(),
+        "rel_error": rel_error(triton_linear.decode_linear(x, weights[0], None)),
+        "fp8_rel_error": rel_error(triton_linear.decode_linear(x, weights[0], None, *fp8[0])),
     }
     candidates = [
-        ("cublas", lambda i: x @ weights[i].T),
-        ("triton", lambda i: triton_linear.decode_linear(x, weights[i], None)),
+        ("cublas", weight_bytes, lambda i: x @ weights[i].T),
+        ("triton", weight_bytes, lambda i: triton_linear.decode_linear(x, weights[i], None)),
+        (
+            "triton_fp8",
+            n * k + 4 * n,
+            lambda i: triton_linear.decode_linear(x, weights[i], None, *fp8[i]),
+        ),
     ]
-    for label, fn in candidates:
+    for label, nbytes, fn in candidates:
         ms = time_in_graph(fn, copies)
         row[f"{label}_ms"] = ms
-        row[f"{label}_tb_per_s"] = weight_bytes / ms / 1e9
+        row[f"{label}_tb_per_s"] = nbytes / ms / 1e9
     if sweep:
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         timed = {}
@@ -94,6 +121,19 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
                 continue
         best = min(timed, key=timed.get)
         row["sweep_best"] = {"tiles": list(best), "ms": timed[best]}
+        timed = {}
+        for tiles in FP8_SWEEP:
+            try:
+                timed[tiles] = time_in_graph(
+                    lambda i, t=tiles: triton_linear.launch(
+                        x, fp8[i][0], None, y, *t, scale=fp8[i][1]
+                    ),
+                    copies,
+                )
+            except Exception:  # noqa: BLE001 - e.g. out of shared memory: not a candidate
+                continue
+        best = min(timed, key=timed.get)
+        row["fp8_sweep_best"] = {"tiles": list(best), "ms": timed[best]}
     return row
 
 
@@ -103,6 +143,7 @@ def main() -> None:
     )
     parser.add_argument("--m", type=int, default=32, help="rows (running sequences), at most 64")
     parser.add_argument("--sweep", action="store_true", help="time every tile choice too")
+    parser.add_argument("--shapes", choices=sorted(SHAPES), default="w1")
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
 
@@ -112,22 +153,30 @@ def main() -> None:
         sys.exit("bench_gemm.py needs a CUDA device")
     torch.manual_seed(0)
     rows = []
-    print(f"decode GEMMs at M = {args.m}, bf16; effective bandwidth = weight bytes / time")
-    for name, n, k in W1_SHAPES:
+    print(
+        f"decode GEMMs of {args.shapes} at M = {args.m}, bf16 activations; effective bandwidth ="
+        " weight bytes (bf16, or FP8 + scales) / time"
+    )
+    for name, n, k in SHAPES[args.shapes]:
         row = measure_shape(name, n, k, args.m, args.sweep)
         rows.append(row)
         line = (
             f"  {name:8s} N={n:6d} K={k:5d}  cuBLAS {row['cublas_ms'] * 1e3:6.1f} us "
             f"{row['cublas_tb_per_s']:.2f} TB/s | Triton {row['triton_ms'] * 1e3:6.1f} us "
-            f"{row['triton_tb_per_s']:.2f} TB/s | rel err {row['rel_error']:.1e}"
+            f"{row['triton_tb_per_s']:.2f} TB/s | FP8 {row['triton_fp8_ms'] * 1e3:6.1f} us "
+            f"{row['triton_fp8_tb_per_s']:.2f} TB/s ({row['cublas_ms'] / row['triton_fp8_ms']:.2f}x"
+            f" cuBLAS) | rel err {row['rel_error']:.1e}, FP8 {row['fp8_rel_error']:.1e}"
         )
         if "sweep_best" in row:
-            best = row["sweep_best"]
+            best, best8 = row["sweep_best"], row["fp8_sweep_best"]
             line += f" | best tiles {best['tiles']} {best['ms'] * 1e3:.1f} us"
+            line += f", FP8 {best8['tiles']} {best8['ms'] * 1e3:.1f} us"
         print(line)
         torch.cuda.empty_cache()
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"m": args.m, "gemms": rows}, indent=2))
+        Path(args.json_out).write_text(
+            json.dumps({"m": args.m, "shapes": args.shapes, "gemms": rows}, indent=2)
+        )
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_mismatch.py --shape qwen3-8b --json-out out/mismatch_8b.json
     python benchmarks/bench_mismatch.py --shape qwen3-30b-a3b --json-out out/mismatch_moe.json
+    python benchmarks/bench_mismatch.py --shape qwen3-8b --weight-quantization fp8
     python benchmarks/bench_mismatch.py --smoke            # tiny MoE on CPU, seconds
 
 The engine samples --samples completions of exactly --length tokens (temperature 1, EOS
@@ -14,6 +15,11 @@ mean log ratio the job logs as off_policy/kl, and k3, its always-positive estima
 shape the trainer runs twice, with its own routing and with the rollout's routes replayed
 (trainer.routing_replay), and the share of (token, layer) routes its own top-k chose
 differently is reported by position too.
+
+With --weight-quantization fp8 the engine serves the FP8-rounded model and the trainer holds the
+bf16 weights, as in training: `own_routing` (and `replayed_routes`) then measure the drift of
+FP8 rollouts against the bf16 policy, and `fp8_model_trainer` scores with the rounded weights,
+which isolates the kernels' share (the engine's weights are set back to bf16 after the rollout).
 
 Random weights: the figures show the numerics of two implementations of one model, not those of
 a trained checkpoint (whose sharper distributions and router margins differ).
@@ -92,12 +98,11 @@ def figures(diff, k3, flipped, length: int) -> list[dict]:
 
 
 def measure(args) -> dict:
-    import numpy as np
     import torch
 
     from benchmarks.lib.workloads import SHAPES, build_model
     from rollout import EngineConfig, LLMEngine, SamplingParams
-    from trainers.trl_adapter.routing_replay import RouteReplay, own_routes, replay_kwargs
+    from trainers.trl_adapter.routing_replay import RouteReplay
 
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     dtype = "bfloat16" if device == "cuda" else "float32"
@@ -105,6 +110,13 @@ def measure(args) -> dict:
     moe = shape["arch"].endswith("_moe")
     model = build_model(shape, dtype, device)
     total = args.prompt_len + args.length + 16
+    fp8 = args.weight_quantization == "fp8"
+    # The bf16 weights the FP8 engine rounds in place, kept on the host for the trainer.
+    originals = (
+        {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if ".layers." in n}
+        if fp8
+        else None
+    )
     engine = LLMEngine.from_model(
         model,
         EngineConfig(
@@ -115,6 +127,7 @@ def measure(args) -> dict:
             num_kv_blocks=args.samples * (-(-total // 16) + 1),
             enable_prefix_caching=False,
             record_routes=moe,
+            weight_quantization=args.weight_quantization,
         ),
     )
     g = torch.Generator().manual_seed(0)
@@ -129,24 +142,17 @@ def measure(args) -> dict:
     print(f"[mismatch] rollout of {args.samples} x {args.length} tokens: {rollout_s:.1f} s")
     trainer = trainer_model(engine.model)
     replay = RouteReplay(trainer) if moe else None
-    runs = {"own_routing": ([], [], [] if moe else None)}
+    runs = {}
+    if originals is not None:  # the rounded weights first, then the bf16 ones back in place
+        runs["fp8_model_trainer"] = score(results, trainer, args, device, moe, replayed=False)
+        with torch.no_grad():
+            for name, param in engine.model.named_parameters():
+                if name in originals:
+                    param.copy_(originals[name])
+        del originals
+    runs["own_routing"] = score(results, trainer, args, device, moe, replayed=False)
     if moe:
-        runs["replayed_routes"] = ([], [], None)
-    for r in results:
-        ids = torch.tensor(r.prompt_token_ids + r.token_ids, device=device)
-        rollout = np.asarray(r.logprobs, dtype=np.float64)
-        own = own_routes(trainer, ids) if moe else None
-        for name, (diffs, k3s, flips) in runs.items():
-            extra = replay_kwargs(r.routes, len(ids), device) if name == "replayed_routes" else {}
-            trainer_lp = sampled_logprobs(trainer, ids, extra)[args.prompt_len - 1 :]
-            d = rollout - trainer_lp.double().cpu().numpy()  # log(p_rollout / p_trainer)
-            diffs.append(d)
-            k3s.append(np.expm1(-d) + d)
-            if flips is not None and own is not None:
-                recorded = r.routes[args.prompt_len - 1 : len(ids) - 1]  # inputs of the samples
-                mine = own[args.prompt_len - 1 : len(ids) - 1]
-                same = (np.sort(recorded, -1) == np.sort(mine, -1)).all(-1)  # [tokens, routers]
-                flips.append(1.0 - same.mean(-1))
+        runs["replayed_routes"] = score(results, trainer, args, device, moe, replayed=True)
     if replay is not None:
         replay.take_counts()
     report = {
@@ -158,6 +164,7 @@ def measure(args) -> dict:
         "length": args.length,
         "rollout_s": rollout_s,
         "route_bytes_per_token": int(results[0].routes[0].nbytes) if moe else 0,
+        "weight_quantization": args.weight_quantization,
         "runs": {
             name: figures(diffs, k3s, flips, args.length)
             for name, (diffs, k3s, flips) in runs.items()
@@ -166,10 +173,38 @@ def measure(args) -> dict:
     return report
 
 
+def score(results, trainer, args, device, moe: bool, replayed: bool):
+    """(log-ratio per sample, k3 per sample, flipped-route share per sample or None): the
+    trainer's logprobs of each sampled token against the rollout's, with the rollout's routes
+    replayed or the trainer's own routing."""
+    import numpy as np
+    import torch
+
+    from trainers.trl_adapter.routing_replay import own_routes, replay_kwargs
+
+    diffs, k3s, flips = [], [], [] if moe and not replayed else None
+    for r in results:
+        ids = torch.tensor(r.prompt_token_ids + r.token_ids, device=device)
+        rollout = np.asarray(r.logprobs, dtype=np.float64)
+        extra = replay_kwargs(r.routes, len(ids), device) if replayed else {}
+        trainer_lp = sampled_logprobs(trainer, ids, extra)[args.prompt_len - 1 :]
+        d = rollout - trainer_lp.double().cpu().numpy()  # log(p_rollout / p_trainer)
+        diffs.append(d)
+        k3s.append(np.expm1(-d) + d)
+        if flips is not None:
+            own = own_routes(trainer, ids)
+            recorded = r.routes[args.prompt_len - 1 : len(ids) - 1]  # inputs of the samples
+            mine = own[args.prompt_len - 1 : len(ids) - 1]
+            same = (np.sort(recorded, -1) == np.sort(mine, -1)).all(-1)  # [tokens, routers]
+            flips.append(1.0 - same.mean(-1))
+    return diffs, k3s, flips
+
+
 def print_report(report: dict) -> None:
     print(
         f"[mismatch] {report['shape']} {report['dtype']} on {report['device']}: "
         f"{report['samples']} x ({report['prompt_len']} + {report['length']}) tokens, "
+        f"weights {report['weight_quantization']}, "
         f"rollout {report['rollout_s']:.1f} s"
     )
     if report["route_bytes_per_token"]:
@@ -196,6 +231,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--length", type=int, default=16384, help="completion tokens, exactly")
     parser.add_argument("--smoke", action="store_true", help="tiny MoE shape on CPU, fp32")
+    parser.add_argument(
+        "--weight-quantization",
+        default="none",
+        choices=("none", "fp8"),
+        help="the engine's weights (the trainer's stay bf16): fp8 measures FP8 rollouts' drift",
+    )
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args(argv)
     if args.smoke:

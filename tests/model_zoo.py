@@ -156,6 +156,16 @@ def engine_for(model, overlap: bool = True, **overrides) -> LLMEngine:
     return LLMEngine.from_model(copy.deepcopy(model), EngineConfig(**settings))
 
 
+def with_weights_of(model: torch.nn.Module, source: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` with `source`'s parameter values, by name."""
+    copied = copy.deepcopy(model)
+    values = dict(source.named_parameters())
+    with torch.no_grad():
+        for name, param in copied.named_parameters():
+            param.copy_(values[name])
+    return copied
+
+
 @dataclass
 class Outcome:
     family: str
@@ -167,17 +177,22 @@ class Outcome:
         return self.result in ("exact", "refused", "cannot be built small")
 
 
-def try_family(model_type: str) -> Outcome:
+def try_family(model_type: str, **engine_overrides) -> Outcome:
+    """The family's outcome with the engine's defaults changed by `engine_overrides`. With
+    weight_quantization="fp8" the oracle is the model with the engine's rounded weights: exact
+    means the engine serves the FP8 model as transformers computes it."""
     try:
         model = tiny_model(model_type)
     except CannotBuildSmall as err:
         return Outcome(model_type, "cannot be built small", str(err))
     try:
-        engine = engine_for(model)
+        engine = engine_for(model, **engine_overrides)
     except UnsupportedModelError as err:
         return Outcome(model_type, "refused", str(err))
     except Exception as err:  # noqa: BLE001 - a refusal must say what to change, not crash
         return Outcome(model_type, "CRASH AT CONSTRUCTION", repr(err))
+    if engine_overrides.get("weight_quantization", "none") != "none":
+        model = with_weights_of(model, engine.model)
     cases = prompts()
     try:
         expected = [hf_greedy(model, p) for p in cases]

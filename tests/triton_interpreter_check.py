@@ -193,7 +193,7 @@ def check_decode_linear() -> float:
 def check_fp8_linear() -> float:
     """The FP8-weight GEMM against its twin: ragged rows, columns and K (masked tails), with and
     without bias, a zero row (scale 1); then K a tile multiple."""
-    from rollout.kernels import torch_fp8, triton_fp8_linear
+    from rollout.kernels import torch_fp8, triton_linear
 
     g = torch.Generator().manual_seed(0)
     worst = 0.0
@@ -204,7 +204,7 @@ def check_fp8_linear() -> float:
         q, scale = torch_fp8.quantize_rows(weight)
         bias = torch.randn(n, generator=g) if use_bias else None
         y = torch.empty(rows, n)
-        triton_fp8_linear.launch(x, q, scale, bias, y, 32, 256, 2)
+        triton_linear.launch(x, q, bias, y, 32, 256, 2, scale=scale)
         want = torch_fp8.fp8_linear_reference(x, q, scale, bias)
         worst = max(worst, _error(y, want))
     return worst
@@ -212,7 +212,9 @@ def check_fp8_linear() -> float:
 
 def check_fused_experts() -> float:
     """Experts picked by many, one and no tokens (an expert with more pairs than BLOCK_M loops),
-    ragged hidden and intermediate sizes (masked tails)."""
+    ragged hidden and intermediate sizes (masked tails), with bf16-style and FP8 weights."""
+    from rollout.kernels import torch_fp8
+
     g = torch.Generator().manual_seed(0)
     worst = 0.0
     cases = [(5, 8, 2, 40, 24, 0.0), (40, 8, 2, 64, 80, 6.0), (40, 4, 2, 64, 80, 0.0)]
@@ -225,6 +227,15 @@ def check_fused_experts() -> float:
         down = torch.randn(experts, hidden, inter, generator=g) / inter**0.5
         got = triton_moe.fused_experts(x, index, weights, gate_up, down)
         want = torch_moe.fused_experts_reference(x, index, weights, gate_up, down)
+        worst = max(worst, _error(got, want))
+        # FP8 experts: e4m3 weights with a scale per output row, against the rounded weights
+        (gate_up_q, gate_up_s), (down_q, down_s) = map(torch_fp8.quantize_rows, (gate_up, down))
+        got = triton_moe.fused_experts(x, index, weights, gate_up_q, down_q, gate_up_s, down_s)
+        rounded = [
+            torch_fp8.dequantize_rows(q, s, x.dtype)
+            for q, s in ((gate_up_q, gate_up_s), (down_q, down_s))
+        ]
+        want = torch_moe.fused_experts_reference(x, index, weights, *rounded)
         worst = max(worst, _error(got, want))
     # The prefill and the tail tiles (their bf16 / one-wave choices forced here in fp32): ragged
     # sizes, an expert with more pairs than one block of rows (240) and one with fewer (60).

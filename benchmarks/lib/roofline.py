@@ -19,12 +19,15 @@ from typing import NamedTuple
 
 import numpy as np
 
+from rollout.engine.model.fp8_weights import fp8_read_bytes_saved
+
 H200_COPY_BANDWIDTH = 4.24e12  # bytes/s: one H200's device copy, read + write
 
 
 def weight_bytes_per_step(model) -> int:
     """Bytes of weights one decode step reads: all parameters but the input embedding table
-    (unless it is tied to the output head, which reads it whole)."""
+    (unless it is tied to the output head, which reads it whole); the weights an FP8 engine
+    reads as FP8 count one byte each, plus their scales."""
     embedding = model.get_input_embeddings().weight
     total = 0
     seen = set()
@@ -36,6 +39,7 @@ def weight_bytes_per_step(model) -> int:
     tied = model.get_output_embeddings() is not None and (
         model.get_output_embeddings().weight.data_ptr() == embedding.data_ptr()
     )
+    total -= sum(fp8_read_bytes_saved(model))
     return total if tied else total - embedding.numel() * embedding.element_size()
 
 
@@ -113,6 +117,7 @@ def weight_split(model) -> WeightSplit:
             if p.data_ptr() not in seen:
                 seen.add(p.data_ptr())
                 expert_bytes += p.numel() * p.element_size()
+    expert_bytes -= fp8_read_bytes_saved(model)[1]
     return WeightSplit(total - expert_bytes, expert_bytes, int(num_experts), int(top_k))
 
 

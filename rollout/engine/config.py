@@ -9,6 +9,7 @@ _DEVICES = ("auto", "cpu", "cuda")
 _ATTENTION_BACKENDS = ("auto", "torch", "triton")
 _LOAD_FORMATS = ("auto", "dummy")
 _SPECULATIVE = ("none", "ngram")
+_WEIGHT_QUANTIZATIONS = ("none", "fp8")
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,14 @@ class EngineConfig:
     each result (`Completion.routes`), so a trainer can replay them. MoE models with softmax
     top-k routers (Qwen2/3-MoE, OLMoE, Mixtral) only; needs enable_prefix_caching=False (a
     cached prefix's routes are not kept)."""
+    weight_quantization: str = "none"
+    """"fp8": the decoder layers' linear and MoE-expert weights rounded to e4m3 (a power-of-two
+    scale per output row) and read as FP8 by the decode GEMMs, which halves a decode step's
+    weight read. The engine then serves the rounded model exactly (prefill runs cuBLAS over the
+    same rounded values); embeddings, norms, routers and the LM head stay as they are. Every
+    weight update is rounded again on the device. Costs half the quantized weights' bytes more
+    memory (the bf16 values stay, for prefill and weight sync). A trainer should correct for the
+    rounding (the GRPO job turns its off-policy correction on)."""
     seed: int = 0
     """Seeds the sampler for requests that bring no seed of their own."""
     cpu_kv_cache_gib: float = 2.0
@@ -103,6 +112,7 @@ class EngineConfig:
         _check_choice("attention", self.attention, _ATTENTION_BACKENDS)
         _check_choice("load_format", self.load_format, _LOAD_FORMATS)
         _check_choice("speculative", self.speculative, _SPECULATIVE)
+        _check_choice("weight_quantization", self.weight_quantization, _WEIGHT_QUANTIZATIONS)
         for name in ("num_speculative_tokens", "speculative_max_seqs"):
             _check_positive_int(name, getattr(self, name))
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):

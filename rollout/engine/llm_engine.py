@@ -16,6 +16,7 @@ from rollout.engine.execution.kv_cache import KVCacheShape, decide_num_blocks
 from rollout.engine.execution.model_runner import ModelRunner
 from rollout.engine.forward_check import check_forward
 from rollout.engine.model.capabilities import check_config
+from rollout.engine.model.fp8_weights import fp8_bytes_needed
 from rollout.engine.model.loader import (
     eos_token_ids_of,
     load_model,
@@ -66,7 +67,9 @@ class LLMEngine:
     def from_model(cls, model: torch.nn.Module, config: EngineConfig, tokenizer=None) -> LLMEngine:
         """Wrap an in-memory transformers model (moved to the config's device and dtype in place,
         and put in eval mode). Outside the engine's steps the model still runs its own attention,
-        so `model(ids)` gives the same logits as before it was wrapped."""
+        so `model(ids)` gives the same logits as before it was wrapped; with
+        weight_quantization="fp8" its weights are rounded to their FP8 values in place (pass a
+        copy to keep the original)."""
         engine = cls.__new__(cls)
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device)
@@ -86,7 +89,10 @@ class LLMEngine:
         self.dtype = dtype
         self.vocab_size = model.get_input_embeddings().weight.shape[0]
         shape = KVCacheShape.from_model_config(model.config)
-        self.num_kv_blocks = decide_num_blocks(config, shape, dtype, device, self.vocab_size)
+        pending = fp8_bytes_needed(model) if config.weight_quantization == "fp8" else 0
+        self.num_kv_blocks = decide_num_blocks(
+            config, shape, dtype, device, self.vocab_size, pending
+        )
         self._runner = ModelRunner(
             model, config, device, dtype, self.num_kv_blocks, self.vocab_size
         )
@@ -199,7 +205,14 @@ class LLMEngine:
         that copies into the model's parameters itself (returns what it returns). The copies are
         ordered after any step still on the device, and the prefix cache is emptied first, so no
         later request reuses KV computed with the old weights."""
-        return update_weights(self.model, self._runner.streams, self.reset_prefix_cache, weights)
+        fp8 = self._runner.prepared.fp8_weights
+        return update_weights(
+            self.model,
+            self._runner.streams,
+            self.reset_prefix_cache,
+            weights,
+            after=fp8.round_all if fp8 is not None else None,
+        )
 
     def output_lengths(self) -> dict[str, dict[int, int]]:
         """Tokens each unfinished sample has generated so far, by request id and sample index

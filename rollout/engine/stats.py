@@ -47,6 +47,9 @@ class EngineStats:
     before); on CPU, host clocks around the same work."""
     cuda_graphs: int
     """Decode graphs captured so far (0 off CUDA)."""
+    fp8_round_s: float | None = None
+    """Seconds the last rounding of the weights to FP8 took (at load, or after the last weight
+    update); None without weight_quantization="fp8"."""
 
     @property
     def kv_cache_use(self) -> float:
@@ -72,6 +75,7 @@ def collect_stats(
         host_wait_s=runner.host_wait_s,
         device_s=runner.timing.total_s() if runner.timing is not None else None,
         cuda_graphs=len(runner.graphs) if runner.graphs is not None else 0,
+        fp8_round_s=fp8.last_round_s if (fp8 := runner.prepared.fp8_weights) else None,
     )
 
 

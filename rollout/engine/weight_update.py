@@ -45,14 +45,21 @@ def update_weights(
     streams,
     reset_prefix_cache: Callable[[], None],
     weights: NamedTensors | Callable[[torch.nn.Module], Any],
+    after: Callable[[], Any] | None = None,
 ) -> Any:
     """`weights` as (name, tensor) pairs, or a function that copies into `model` in place (weight
-    sync's receiver, bucket by bucket); returns what the function returns."""
+    sync's receiver, bucket by bucket); returns what the function returns. `after` runs on the
+    compute stream once the copies are queued, even when they failed part-way (FP8 weights are
+    rounded again there, so the model stays one the engine serves exactly)."""
     if isinstance(weights, torch.nn.Module):
         raise ValueError("update_weights takes (name, tensor) pairs: pass model.named_parameters()")
     reset_prefix_cache()
     with streams.on(streams.compute), torch.no_grad():
-        if callable(weights):
-            return weights(model)
-        copy_by_name(model, weights)
-        return None
+        try:
+            if callable(weights):
+                return weights(model)
+            copy_by_name(model, weights)
+            return None
+        finally:
+            if after is not None:
+                after()

@@ -1,4 +1,5 @@
-"""A GEMM for decode's few rows: y = x @ weight.T (+ bias) when x has at most 64 rows.
+"""A GEMM for decode's few rows: y = x @ weight.T (+ bias) when x has at most 64 rows, from a
+bf16/fp16 weight or from its FP8 form (e4m3 values with a scale per output row, `torch_fp8.py`).
 
 At decode a projection multiplies one row per running sequence by a large weight, so its time is
 the weight read. cuBLAS picks split-K kernels plus a reduction launch for the narrower outputs.
@@ -11,6 +12,11 @@ Each program owns BLOCK_N output columns for every row and walks K with a deep s
 pipeline, so the weight streams once with many loads in flight and no reduction step. It runs as
 the custom op `rollout::decode_linear`: opaque to torch.compile, and with more than 64 rows (a
 prefill) it is plain `F.linear`.
+
+With FP8 weights the weight tile is loaded as e4m3 (half the bytes: decode's floor halves) and
+widened to the activations' dtype in registers, exactly; each fp32 accumulator column is scaled
+once at the end. The engine keeps the weight itself as the values the FP8 form stands for, so the
+F.linear of a prefill and this kernel compute the same model.
 """
 
 from __future__ import annotations
@@ -20,13 +26,15 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from rollout.kernels.torch_fp8 import FP8_DTYPE
+
 MAX_ROWS = 64
 
 
 @triton.jit
 def _decode_linear_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+    FP8: tl.constexpr, IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     offs_m = tl.arange(0, BLOCK_M)
@@ -47,7 +55,14 @@ def _decode_linear_kernel(
             mask=n_mask[:, None] & k_mask[None, :],
             other=0.0,
         )
-        acc = tl.dot(x, tl.trans(w), acc)
+        if FP8:  # e4m3 -> bf16/fp16/fp32 is exact
+            w = w.to(x.dtype)
+        if IEEE:  # fp32 activations (exactness tests): no TF32 rounding
+            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+    if FP8:
+        acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     tl.store(
@@ -60,14 +75,21 @@ def _decode_linear_kernel(
 SHARED_MEMORY_BUDGET = 200 * 1024  # of the H200's 227 KiB per block, with room to spare
 
 
-def _tiles(rows: int, n: int) -> tuple[int, int, int]:
+def _tiles(rows: int, n: int, weight_bytes: int = 2, x_bytes: int = 2) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, pipeline stages), from bench_gemm.py's sweep on the H200 at 32 rows:
     narrow outputs need narrow column blocks (more programs than SMs) and deep pipelines to keep
     loads in flight. Each stage holds an x and a weight tile in shared memory, so more rows
-    leave room for fewer stages."""
+    leave room for fewer stages. An FP8 weight tile takes half the bytes, so it spans twice the
+    K; fp32 activations (tests) take narrower K tiles to fit two stages."""
     block_n, block_k, stages = (32, 256, 6) if n <= 16384 else (64, 128, 3)
-    stage_bytes = (_block_m(rows) + block_n) * block_k * 2
-    return block_n, block_k, max(2, min(stages, SHARED_MEMORY_BUDGET // stage_bytes))
+    block_k = block_k * 2 // weight_bytes
+
+    def stage_bytes() -> int:
+        return (_block_m(rows) * x_bytes + block_n * weight_bytes) * block_k
+
+    while 2 * stage_bytes() > SHARED_MEMORY_BUDGET and block_k > 32:
+        block_k //= 2
+    return block_n, block_k, max(2, min(stages, SHARED_MEMORY_BUDGET // stage_bytes()))
 
 
 def _block_m(rows: int) -> int:
@@ -75,39 +97,60 @@ def _block_m(rows: int) -> int:
 
 
 def supported(weight: torch.Tensor) -> bool:
-    """Whether decode_linear can use the Triton kernel for this weight."""
+    """Whether decode_linear can use the Triton kernel for this weight (bf16/fp16, or FP8)."""
     return (
-        weight.is_cuda and weight.dtype in (torch.bfloat16, torch.float16) and weight.stride(1) == 1
+        weight.is_cuda
+        and weight.dtype in (torch.bfloat16, torch.float16, FP8_DTYPE)
+        and weight.stride(1) == 1
     )
 
 
 @torch.library.custom_op("rollout::decode_linear", mutates_args=())
-def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear(x, weight, bias), by the Triton kernel when x has at most MAX_ROWS rows."""
+def decode_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    fp8_weight: torch.Tensor | None = None,
+    fp8_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """F.linear(x, weight, bias), by the Triton kernel when x has at most MAX_ROWS rows. With
+    `fp8_weight` and `fp8_scale` (weight's FP8 form: weight == fp8_weight * fp8_scale) the kernel
+    reads those instead; more rows, or off CUDA, take F.linear over `weight`."""
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
-    if rows == 0 or rows > MAX_ROWS or not supported(weight) or x.dtype != weight.dtype:
+    kernel_weight = weight if fp8_weight is None else fp8_weight
+    # fp32 activations only over FP8 weights (the exactness tests of FP8 in fp32)
+    dtypes = (torch.bfloat16, torch.float16) + ((torch.float32,) if fp8_weight is not None else ())
+    if (
+        rows == 0
+        or rows > MAX_ROWS
+        or not supported(kernel_weight)
+        or x.dtype not in dtypes
+        or x.dtype != weight.dtype
+    ):
         return F.linear(x, weight, bias)
     x2 = x.reshape(rows, k).contiguous()
     n = weight.shape[0]
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    launch(x2, weight, bias, y, *_tiles(rows, n))
+    tiles = _tiles(rows, n, kernel_weight.element_size(), x.element_size())
+    launch(x2, kernel_weight, bias, y, *tiles, scale=fp8_scale)
     return y.view(*x.shape[:-1], n)
 
 
-def launch(x, weight, bias, y, block_n: int, block_k: int, stages: int) -> None:
-    """y[M, N] = x[M, K] @ weight[N, K].T (+ bias) with the given tiles (bench_gemm.py sweeps them)."""
+def launch(x, weight, bias, y, block_n: int, block_k: int, stages: int, scale=None) -> None:
+    """y[M, N] = x[M, K] @ weight[N, K].T (+ bias) with the given tiles (bench_gemm.py sweeps
+    them); with `scale` [N], weight is FP8 and y = (x @ weight.T) * scale (+ bias)."""
     rows, k = x.shape
     n = weight.shape[0]
     _decode_linear_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, bias if bias is not None else weight, y, rows, n, k,
-        x.stride(0), weight.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
+        x, weight, scale if scale is not None else y, bias if bias is not None else y, y,
+        rows, n, k, x.stride(0), weight.stride(0), y.stride(0),
+        FP8=scale is not None, IEEE=x.dtype == torch.float32, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
         BLOCK_M=_block_m(rows), BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=4, num_stages=stages,
     )  # fmt: skip
 
 
 @decode_linear.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _(x, weight, bias, fp8_weight=None, fp8_scale=None) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], weight.shape[0])

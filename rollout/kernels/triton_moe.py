@@ -17,7 +17,8 @@ torch.sort. Then two grouped launches over a grid of (expert, output-column bloc
 
 Experts that no pair picked exit at once, so their weights are never read. Parameters stay the
 transformers model's own 3-D tensors (`gate_up_proj` [E, 2I, H], `down_proj` [E, H, I]), so weight
-sync and the trainer see the same names. It runs as the custom op `rollout::fused_experts`, opaque
+sync and the trainer see the same names. With FP8 weights (`fp8_weights.py`) both launches read
+the e4m3 copies, widen each tile in registers and scale each output column once. It runs as the custom op `rollout::fused_experts`, opaque
 to torch.compile; `torch_moe.fused_experts_reference` is its twin.
 """
 
@@ -29,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from rollout.kernels.torch_fp8 import FP8_DTYPE
 from rollout.kernels.torch_moe import sort_by_expert
 
 # Above this many pairs (2,048 tokens at top-8, prefill chunks) torch.sort's radix passes: every
@@ -85,9 +87,9 @@ def sort_pairs_by_expert(
 
 @triton.jit
 def _gate_up_kernel(
-    x_ptr, w_ptr, order_ptr, counts_ptr, starts_ptr, act_ptr,
-    H, INTER, TOP_K, stride_xt, stride_we, stride_wn, stride_at,
-    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, w_ptr, s_ptr, order_ptr, counts_ptr, starts_ptr, act_ptr,
+    H, INTER, TOP_K, stride_xt, stride_we, stride_wn, stride_at, stride_se,
+    FP8: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     expert = tl.program_id(0)
     count = tl.load(counts_ptr + expert)
@@ -112,12 +114,19 @@ def _gate_up_kernel(
             w_mask = k_mask[:, None] & n_mask[None, :]
             wg = tl.load(w_gate + offs_k[:, None], mask=w_mask, other=0.0)
             wu = tl.load(w_up + offs_k[:, None], mask=w_mask, other=0.0)
+            if FP8:  # e4m3 widens exactly
+                wg = wg.to(x.dtype)
+                wu = wu.to(x.dtype)
             if IEEE:
                 gate = tl.dot(x, wg, gate, input_precision="ieee")
                 up = tl.dot(x, wu, up, input_precision="ieee")
             else:
                 gate = tl.dot(x, wg, gate)
                 up = tl.dot(x, wu, up)
+        if FP8:  # each output row's scale, once per accumulator column
+            scales = s_ptr + expert.to(tl.int64) * stride_se + offs_n
+            gate *= tl.load(scales, mask=n_mask, other=0.0)[None, :]
+            up *= tl.load(scales + INTER, mask=n_mask, other=0.0)[None, :]
         act = gate / (1.0 + tl.exp(-gate)) * up
         rows = (start + offs_m).to(tl.int64)
         tl.store(
@@ -129,9 +138,9 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_kernel(
-    act_ptr, w_ptr, order_ptr, counts_ptr, starts_ptr, weights_ptr, out_ptr,
-    H, INTER, stride_at, stride_we, stride_wn, stride_ot,
-    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    act_ptr, w_ptr, s_ptr, order_ptr, counts_ptr, starts_ptr, weights_ptr, out_ptr,
+    H, INTER, stride_at, stride_we, stride_wn, stride_ot, stride_se,
+    FP8: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     expert = tl.program_id(0)
     count = tl.load(counts_ptr + expert)
@@ -155,6 +164,8 @@ def _down_kernel(
                 other=0.0,
             )
             w = tl.load(w_cols + offs_k[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+            if FP8:
+                w = w.to(a.dtype)
             if IEEE:
                 acc = tl.dot(a, w, acc, input_precision="ieee")
             else:
@@ -162,6 +173,9 @@ def _down_kernel(
         pair = tl.load(order_ptr + start + offs_m, mask=m_mask, other=0)
         routing = tl.load(weights_ptr + pair, mask=m_mask, other=0.0).to(tl.float32)
         acc = acc * routing[:, None]
+        if FP8:
+            scales = s_ptr + expert.to(tl.int64) * stride_se + offs_n
+            acc *= tl.load(scales, mask=n_mask, other=0.0)[None, :]
         tl.store(
             out_ptr + pair.to(tl.int64)[:, None] * stride_ot + offs_n[None, :],
             acc.to(out_ptr.dtype.element_ty),
@@ -173,7 +187,7 @@ def supported(hidden_states: torch.Tensor, gate_up_proj: torch.Tensor) -> bool:
     return (
         hidden_states.is_cuda
         and hidden_states.dtype in (torch.bfloat16, torch.float16, torch.float32)
-        and gate_up_proj.dtype == hidden_states.dtype
+        and gate_up_proj.dtype in (hidden_states.dtype, FP8_DTYPE)
     )
 
 
@@ -225,8 +239,11 @@ def fused_experts(
     top_k_weights: torch.Tensor,
     gate_up_proj: torch.Tensor,
     down_proj: torch.Tensor,
+    gate_up_scale: torch.Tensor | None = None,
+    down_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The experts' output [T, H] for hidden_states [T, H] routed by top_k_index/weights [T, k]."""
+    """The experts' output [T, H] for hidden_states [T, H] routed by top_k_index/weights [T, k].
+    With the scales ([E, 2I], [E, H]) the weights are FP8 (e4m3, a scale per output row)."""
     num_tokens, hidden = hidden_states.shape
     top_k = top_k_index.shape[-1]
     num_experts, two_i, _ = gate_up_proj.shape
@@ -243,21 +260,31 @@ def fused_experts(
     act = hidden_states.new_empty(num_pairs, inter)
     settings = tiles(num_pairs, num_experts, hidden_states.dtype, inter, sm_count(x.device))
     ieee = hidden_states.dtype == torch.float32
+    fp8 = gate_up_scale is not None
+    if fp8 and (
+        down_scale is None or not gate_up_scale.is_contiguous() or not down_scale.is_contiguous()
+    ):
+        raise ValueError("FP8 experts need contiguous gate_up_scale [E, 2I] and down_scale [E, H]")
+    gate_up_scale = gate_up_scale if fp8 else weights  # unread without FP8
+    down_scale = down_scale if fp8 else weights
     block_n = settings["BLOCK_N"]
     _gate_up_kernel[(num_experts, triton.cdiv(inter, block_n))](
-        x, gate_up, order, counts, starts, act,
+        x, gate_up, gate_up_scale, order, counts, starts, act,
         hidden, inter, top_k, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
-        IEEE=ieee, **settings,
+        two_i if fp8 else 0, FP8=fp8, IEEE=ieee, **settings,
     )  # fmt: skip
     pair_out = out.view(num_pairs, hidden)
     _down_kernel[(num_experts, triton.cdiv(hidden, block_n))](
-        act, down, order, counts, starts, weights, pair_out,
+        act, down, down_scale, order, counts, starts, weights, pair_out,
         hidden, inter, act.stride(0), down.stride(0), down.stride(1), pair_out.stride(0),
-        IEEE=ieee, **settings,
+        hidden if fp8 else 0, FP8=fp8, IEEE=ieee, **settings,
     )  # fmt: skip
     return out.sum(dim=1)
 
 
 @fused_experts.register_fake
-def _(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj) -> torch.Tensor:
+def _(
+    hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj, gate_up_scale=None,
+    down_scale=None,
+) -> torch.Tensor:  # fmt: skip
     return hidden_states.new_empty(hidden_states.shape)

@@ -81,15 +81,20 @@ def test_routed_model_matches_and_trains_through_plain_linears(monkeypatch) -> N
 def test_fp8_linear_matches_its_twin(rows: int, n: int, k: int) -> None:
     """FP8 weights (e4m3, a scale per output row) at decode's rows: the kernel against the
     dequantized weights' fp32 GEMM, bf16 activations."""
-    from rollout.kernels.torch_fp8 import fp8_linear_reference, quantize_rows
-    from rollout.kernels.triton_fp8_linear import fp8_linear, supported
+    from rollout.kernels.torch_fp8 import FP8_DTYPE, fp8_linear_reference, round_to_fp8_
+    from rollout.kernels.triton_linear import decode_linear, supported
 
     g = torch.Generator(device="cuda").manual_seed(rows)
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16, generator=g)
-    q, scale = quantize_rows(torch.randn(n, k, device="cuda", generator=g) * 0.02)
-    assert supported(x, q)
+    weight = (torch.randn(n, k, device="cuda", generator=g) * 0.02).bfloat16()
+    q = torch.empty(n, k, device="cuda", dtype=FP8_DTYPE)
+    scale = torch.empty(n, device="cuda")
+    round_to_fp8_(weight, q, scale)
+    assert supported(q)
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=g)
     for b in (None, bias):
-        got = fp8_linear(x, q, scale, b)
+        got = decode_linear(x, weight, b, q, scale)
         want = fp8_linear_reference(x.float(), q, scale, None if b is None else b.float())
         assert _rel_error(got, want) < 1e-2
+        # the same model as the rounded bf16 weight's GEMM (cuBLAS), to bf16 precision
+        assert _rel_error(got, torch.nn.functional.linear(x, weight, b)) < 1e-2

@@ -222,3 +222,13 @@ def test_bench_mismatch_smoke_reports_each_position_bucket(tmp_path, monkeypatch
         ["--shape", "tiny", "--samples", "2", "--length", "40", "--prompt-len", "8"]
     )
     assert list(dense["runs"]) == ["own_routing"] and dense["route_bytes_per_token"] == 0
+
+
+def test_bench_mismatch_with_fp8_separates_the_rounding_from_the_kernels() -> None:
+    report = _script("bench_mismatch").main(["--smoke", "--weight-quantization", "fp8"])
+    runs = report["runs"]
+    assert list(runs) == ["fp8_model_trainer", "own_routing", "replayed_routes"]
+    # against the rounded model the engine is exact (fp32, CPU); against bf16 it drifts
+    assert runs["fp8_model_trainer"][0]["abs_dlogp_max"] < 1e-4
+    assert runs["own_routing"][0]["abs_dlogp_mean"] > 1e-3
+    assert runs["replayed_routes"][0]["abs_dlogp_mean"] > 1e-3

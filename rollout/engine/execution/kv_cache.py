@@ -40,8 +40,10 @@ def decide_num_blocks(
     dtype: torch.dtype,
     device: torch.device,
     vocab_size: int,
+    pending_bytes: int = 0,
 ) -> int:
-    """Explicit num_kv_blocks, or what fits: the GPU's memory share minus what is in use and an
+    """Explicit num_kv_blocks, or what fits: the GPU's memory share minus what is in use, the
+    `pending_bytes` the model's preparation will still allocate (FP8 weight copies) and an
     activation reserve (CUDA) or cpu_kv_cache_gib (CPU), capped at max_num_seqs full-length
     sequences."""
     if config.num_kv_blocks is not None:
@@ -54,7 +56,7 @@ def decide_num_blocks(
         in_use = total - free
         # Activations of the largest step, with room for fp32 logits and the sampler's copies.
         reserve = 2 * _GIB + 8 * config.max_num_seqs * vocab_size * 4
-        budget = int(total * config.gpu_memory_utilization) - in_use - reserve
+        budget = int(total * config.gpu_memory_utilization) - in_use - pending_bytes - reserve
         num_blocks = budget // per_block
         if num_blocks < 1:
             raise RuntimeError(

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from rollout.engine.model.fp8_weights import fp8_linear
 from rollout.engine.model.loader import decoder_layers
 
 # transformers classes whose forward is: q/k/v projections -> [q_norm/k_norm] -> rotary ->
@@ -110,9 +111,19 @@ def _layers_or_none(model: nn.Module) -> list[nn.Module]:
 
 
 def _project(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    fp8 = getattr(linear, "_fp8", None)  # fp8_weights.py
+    if fp8 is not None:
+        return fp8_linear(x, linear.weight, linear.bias, fp8)
     if getattr(linear, "_decode_linear", False):
         return torch.ops.rollout.decode_linear(x, linear.weight, linear.bias)
     return linear(x)
+
+
+def _fused_linear(x, weight, bias, fp8) -> torch.Tensor:
+    """The fused GEMM: cuBLAS, or with FP8 weights our GEMM at decode's rows."""
+    if fp8 is None:
+        return F.linear(x, weight, bias)
+    return fp8_linear(x, weight, bias, fp8)
 
 
 def _decode_head_forward(self, x):
@@ -138,6 +149,7 @@ def _fuse_linears(module: nn.Module, names: tuple[str, ...], fused_name: str) ->
     module.register_buffer(f"{fused_name}_weight", weight, persistent=False)
     module.register_buffer(f"{fused_name}_bias", bias, persistent=False)
     setattr(module, f"{fused_name}_sizes", sizes)
+    setattr(module, f"_fp8_{fused_name}", None)  # set by fp8_weights.quantize_model
     offset = 0
     for lin, size in zip(linears, sizes, strict=True):
         # Each original parameter becomes a view of its rows of the fused tensor (same storage).
@@ -163,7 +175,7 @@ def _fused_attention_forward(
     kwargs.pop("cache", None)
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, self.head_dim)
-    qkv = F.linear(hidden_states, self.qkv_weight, self.qkv_bias)
+    qkv = _fused_linear(hidden_states, self.qkv_weight, self.qkv_bias, self._fp8_qkv)
     query, key, value = qkv.split(self.qkv_sizes, dim=-1)
     query = query.reshape(hidden_shape)
     key = key.reshape(hidden_shape)
@@ -193,5 +205,6 @@ def _fused_attention_forward(
 def _fused_mlp_forward(self, x):
     if torch.is_grad_enabled():
         return self._unfused_forward(x)
-    gate, up = F.linear(x, self.gate_up_weight, self.gate_up_bias).split(self.gate_up_sizes, dim=-1)
+    gate_up = _fused_linear(x, self.gate_up_weight, self.gate_up_bias, self._fp8_gate_up)
+    gate, up = gate_up.split(self.gate_up_sizes, dim=-1)
     return _project(self.down_proj, self.act_fn(gate) * up)

@@ -3,7 +3,8 @@
 In order: our paged attention registered with transformers; the MoE experts and the softmax
 routers our kernels compute picked out (transformers' path for the rest); q/k/v and gate/up
 fused into one GEMM each; decode's projections routed to our decode GEMM; the decoder layers
-compiled; with `record_routes`, each router's forward also writes the experts it chose
+compiled; with `weight_quantization="fp8"`, the projections' and experts' weights rounded to
+their FP8 copies, which the decode GEMMs read (`fp8_weights.py`); with `record_routes`, each router's forward also writes the experts it chose
 (`route_recording.py`). Fusing comes before compiling, because dynamo traces the fused forward. Parameter
 names survive every change, so weight sync by name still works.
 
@@ -22,6 +23,7 @@ import torch
 from rollout.engine.config import EngineConfig
 from rollout.engine.model.attention import paged_attention_selected, register_paged_attention
 from rollout.engine.model.compilation import compile_decoder_layers
+from rollout.engine.model.fp8_weights import Fp8Weights, clear_fp8, quantize_model
 from rollout.engine.model.fused_experts import fused_experts_selected, select_fused_experts
 from rollout.engine.model.fused_projections import fuse_projections, route_decode_linears
 from rollout.engine.model.fused_routing import fused_routers_selected, select_fused_routers
@@ -42,6 +44,9 @@ class PreparedModel:
     when routes are recorded, for every router (the recording forward calls the kernel's)."""
     route_recorder: RouteRecorder | None = None
     """Where the routers write their choices inside a step (EngineConfig.record_routes)."""
+    fp8_weights: Fp8Weights | None = None
+    """The FP8 copies of the weights (EngineConfig.weight_quantization="fp8"); round them again
+    after every weight change (`LLMEngine.update_weights` does)."""
 
     @contextmanager
     def selected(self) -> Iterator[None]:
@@ -74,6 +79,10 @@ def prepare_model(
         prepared.fused_routers = prepared.route_recorder.forwards
     if config.fuse_projections:
         fuse_projections(model)
+    if config.weight_quantization == "fp8":  # after fusing: the fused weights get one copy each
+        prepared.fp8_weights = quantize_model(model)
+    else:
+        clear_fp8(model)  # an earlier FP8 engine's copies would go stale here
     if config.triton_linear and triton:
         route_decode_linears(model)
     if config.compile_model and device.type == "cuda":

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# FP8 weights on one GPU, each part under its own time limit:
+#   tests    the GPU tests (FP8 and every kernel they share code with)
+#   gemm     the decode GEMMs of the Qwen3-8B shape: cuBLAS bf16, Triton bf16, Triton FP8
+#   w1       qwen3-8b-w1 (32 x (256 + 2048)), bf16 then FP8 weights
+#   grpo     the grpo workload on the Qwen3-8B shape, bf16 then FP8 weights
+#   grpo-moe the grpo workload on the Qwen3-30B-A3B shape (GRPO_MOE_ARGS), bf16 then FP8
+#   drift    FP8 rollouts against the bf16 trainer (bench_mismatch.py), dense and MoE
+#   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
+# Logs and JSON go to $OUT_DIR (default ./gpu_out); ROLLOUT_COMMIT=<sha> names the commit.
+set -o pipefail
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled
+OUT_DIR=${OUT_DIR:-gpu_out}
+mkdir -p "$OUT_DIR"
+run() {  # run NAME SECONDS ARGS...: one benchmark, its log, the lines that matter
+  local name=$1 seconds=$2
+  shift 2
+  timeout "$seconds" python3 "$@" > "$OUT_DIR/$name.log" 2>&1
+  echo "$name: rc=$?"
+  grep -E "^\[(bench|mismatch)\]   |^\[bench\]     |^\[mismatch\]|^\||^  |Error" \
+    "$OUT_DIR/$name.log" | grep -v "\.\.\. " | tail -${LINES_SHOWN:-14}
+}
+both() {  # both NAME SECONDS ARGS...: bf16 weights, then FP8
+  local name=$1 seconds=$2
+  shift 2
+  for q in none fp8; do
+    run "${name}_$q" "$seconds" benchmarks/bench_rollout.py "$@" --modes overlap \
+      --engine weight_quantization=$q --json-out "$OUT_DIR/${name}_$q.json"
+  done
+}
+for part in "$@"; do
+  case $part in
+    tests)
+      timeout ${PYTEST_TIMEOUT:-330} python3 -m pytest -m gpu -q -p no:cacheprovider \
+        ${GPU_TESTS:-tests/gpu} 2>&1 | tee "$OUT_DIR/pytest_gpu.log" | tail -25 ;;
+    gemm)
+      for m in 8 32; do
+        run "gemm_qwen3-8b_m$m" 120 benchmarks/bench_gemm.py --shapes qwen3-8b --m $m \
+          ${GEMM_ARGS:-} --json-out "$OUT_DIR/gemm_qwen3-8b_m$m.json"
+      done ;;
+    w1) both w1_qwen3-8b 150 --workload qwen3-8b-w1 ;;
+    grpo) both grpo_qwen3-8b 240 --workload grpo ;;
+    grpo-moe) both grpo_qwen3-30b-a3b 270 --workload grpo --shape qwen3-30b-a3b ${GRPO_MOE_ARGS:-} ;;
+    drift)
+      for s in ${DRIFT_SHAPES:-qwen3-8b qwen3-30b-a3b}; do
+        run "drift_$s" 300 benchmarks/bench_mismatch.py --shape "$s" --weight-quantization fp8 \
+          --samples ${SAMPLES:-4} --length ${LENGTH:-8192} --json-out "$OUT_DIR/drift_$s.json"
+      done ;;
+    *) echo "unknown part $part" ;;
+  esac
+done

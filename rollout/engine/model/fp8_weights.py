@@ -1,0 +1,213 @@
+"""FP8 weights for the decode GEMMs (`EngineConfig.weight_quantization="fp8"`).
+
+A decode step's time is mostly the read of every weight; reading them as e4m3 halves it. Each
+quantized weight gets an FP8 copy (e4m3 values, a power-of-two scale per output row:
+`rollout/kernels/torch_fp8.py`) and the weight itself is overwritten with the values that copy
+stands for. The engine's model *is* then the FP8 model: a decode step reads the FP8 bytes
+(`rollout::decode_linear`, `rollout::fused_experts`), a prefill chunk runs cuBLAS over the
+rounded weight, and both compute the same thing, up to summation order. transformers' own forward
+over the same module is the exactness oracle.
+
+Quantized: every linear projection of the decoder layers (the fused q/k/v and gate/up as one
+tensor each, which per-row scales allow) and the MoE experts' 3-D weights. Kept as they are: the
+embeddings, norms, the LM head, and the routers (linears named `gate` or `*_gate`; the softmax
+routers are not linears), whose top-k is sensitive to small changes.
+
+Weight sync writes the bf16 values into the same parameters as without FP8; `round_all` then
+quantizes every tensor again in place on the device (LLMEngine.update_weights calls it after each
+update, on the compute stream), so CUDA graphs stay valid. The price is memory: the FP8 copies add
+half the quantized weights' bytes beside them, which the KV cache's sizing counts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rollout.engine.model.capabilities import UnsupportedModelError
+from rollout.engine.model.fused_experts import experts_modules
+from rollout.engine.model.loader import decoder_layers
+from rollout.kernels.torch_fp8 import FP8_DTYPE, round_to_fp8_
+
+_FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}
+
+
+@dataclass
+class Fp8Weight:
+    """One weight the engine keeps rounded, with its FP8 form."""
+
+    name: str
+    weight: torch.Tensor  # the model's own storage (a parameter, or a fused buffer)
+    q: torch.Tensor  # e4m3, weight's shape
+    scale: torch.Tensor  # fp32, one per output row
+
+
+@dataclass
+class Fp8Weights:
+    """The model's quantized weights; `round_all()` after any change to them."""
+
+    weights: list[Fp8Weight] = field(default_factory=list)
+    last_round_s: float = 0.0
+    """Seconds the last `round_all` took on the device."""
+
+    @property
+    def fp8_bytes(self) -> int:
+        return sum(w.q.numel() + w.scale.numel() * 4 for w in self.weights)
+
+    @torch.no_grad()
+    def round_all(self) -> float:
+        """Quantize every weight again and round it to its FP8 value, in place; returns the
+        seconds taken (the device's work included)."""
+        start = time.perf_counter()
+        for w in self.weights:
+            round_to_fp8_(w.weight, w.q, w.scale)
+        if self.weights and self.weights[0].weight.is_cuda:
+            torch.cuda.current_stream().synchronize()
+        self.last_round_s = time.perf_counter() - start
+        return self.last_round_s
+
+
+def is_router(name: str) -> bool:
+    """Routers stay unquantized: `gate` (Mixtral, OLMoE), `shared_expert_gate` (Qwen2-MoE)."""
+    leaf = name.rsplit(".", 1)[-1]
+    return leaf == "gate" or leaf.endswith("_gate")
+
+
+def quantized_tensors(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
+    """(name, module, attribute) of each tensor FP8 covers, in module order: a fused q/k/v or
+    gate/up buffer once for its member projections, each other linear's weight, and each experts
+    module's `gate_up_proj` and `down_proj`."""
+    found: list[tuple[str, nn.Module, str]] = []
+    head = model.get_output_embeddings()
+    try:
+        layers = decoder_layers(model, setting="weight_quantization")
+    except ValueError as err:
+        raise UnsupportedModelError(
+            f"weight_quantization='fp8': cannot find the decoder layers of "
+            f"{type(model).__name__}; set weight_quantization='none'"
+        ) from err
+    for index, layer in enumerate(layers):
+        fused_members: set[int] = set()
+        for name, module in layer.named_modules():
+            for fused, members in _FUSED.items():
+                if getattr(module, f"{fused}_weight", None) is not None:
+                    found.append(
+                        (f"layers.{index}.{name}.{fused}_weight", module, f"{fused}_weight")
+                    )
+                    fused_members.update(id(getattr(module, m)) for m in members)
+        experts = {id(m) for m in experts_modules(layer)}
+        for name, module in layer.named_modules():
+            prefix = f"layers.{index}.{name}"
+            if id(module) in experts:
+                for attribute in ("gate_up_proj", "down_proj"):
+                    tensor = getattr(module, attribute, None)
+                    if isinstance(tensor, torch.Tensor) and tensor.dim() == 3:
+                        found.append((f"{prefix}.{attribute}", module, attribute))
+            elif (
+                isinstance(module, nn.Linear)
+                and id(module) not in fused_members
+                and module is not head
+                and not is_router(name)
+            ):
+                found.append((f"{prefix}.weight", module, "weight"))
+    if not found:
+        raise UnsupportedModelError(
+            f"weight_quantization='fp8': {type(model).__name__}'s decoder layers have no "
+            "nn.Linear projections or 3-D expert weights to quantize; set weight_quantization='none'"
+        )
+    return found
+
+
+def fp8_bytes_needed(model: nn.Module) -> int:
+    """The bytes the FP8 copies of `model` will take (before or after fusing projections)."""
+    total = 0
+    for _, module, attribute in quantized_tensors(model):
+        tensor = getattr(module, attribute)
+        total += tensor.numel() + tensor[..., 0].numel() * 4
+    return total
+
+
+def quantize_model(model: nn.Module) -> Fp8Weights:
+    """Give every covered weight its FP8 copy, round the weights to it, and route the forwards
+    that can read it (the linears' and, through fused_experts_forward, the experts')."""
+    weights = Fp8Weights()
+    if any(p.is_cuda for p in model.parameters()):
+        import rollout.kernels.triton_linear  # noqa: F401  (registers rollout::decode_linear)
+    for name, module, attribute in quantized_tensors(model):
+        tensor = getattr(module, attribute)
+        q = torch.empty(tensor.shape, dtype=FP8_DTYPE, device=tensor.device)
+        scale = torch.empty(tensor.shape[:-1], dtype=torch.float32, device=tensor.device)
+        weights.weights.append(Fp8Weight(name, tensor.data, q, scale))
+        fp8 = (q, scale)
+        if attribute.endswith("_weight"):  # a fused projection's buffer: its forward reads this
+            setattr(module, f"_fp8_{attribute.removesuffix('_weight')}", fp8)
+        elif attribute == "weight":
+            module._fp8 = fp8
+            if not hasattr(module, "_plain_forward"):
+                module._plain_forward = module.forward
+                module.forward = _fp8_linear_forward.__get__(module)
+        else:  # experts
+            setattr(module, f"_fp8_{attribute}", fp8)
+    weights.round_all()
+    return weights
+
+
+def clear_fp8(model: nn.Module) -> None:
+    """Undo `quantize_model`'s routing (the weights keep their rounded values): for an engine
+    without FP8 over a model an FP8 engine prepared before, whose copies would go stale."""
+    for module in model.modules():
+        if hasattr(module, "_fp8"):
+            del module._fp8
+            if "forward" in vars(module):
+                del module.forward  # back to the class's forward
+            module.__dict__.pop("_plain_forward", None)
+        for attribute in ("_fp8_qkv", "_fp8_gate_up"):
+            if getattr(module, attribute, None) is not None:
+                setattr(module, attribute, None)
+        for attribute in ("_fp8_gate_up_proj", "_fp8_down_proj"):
+            module.__dict__.pop(attribute, None)
+
+
+def fp8_read_bytes_saved(model: nn.Module) -> tuple[int, int]:
+    """(dense, expert) bytes a decode step does not read because they are read as FP8 (0, 0
+    without FP8): the rooflines of the benchmarks count what the engine reads."""
+    dense = expert = 0
+    for module in model.modules():
+        pairs = []
+        if getattr(module, "_fp8", None) is not None:
+            pairs.append((module.weight, module._fp8, False))
+        for fused in _FUSED:
+            if getattr(module, f"_fp8_{fused}", None) is not None:
+                pairs.append(
+                    (getattr(module, f"{fused}_weight"), getattr(module, f"_fp8_{fused}"), False)
+                )
+        for attribute in ("gate_up_proj", "down_proj"):
+            if getattr(module, f"_fp8_{attribute}", None) is not None:
+                pairs.append(
+                    (getattr(module, attribute), getattr(module, f"_fp8_{attribute}"), True)
+                )
+        for weight, (q, scale), is_expert in pairs:
+            saved = weight.numel() * weight.element_size() - q.numel() - 4 * scale.numel()
+            if is_expert:
+                expert += saved
+            else:
+                dense += saved
+    return dense, expert
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias, fp8) -> torch.Tensor:
+    """x @ weight.T (+ bias), reading the FP8 form at decode's few rows on CUDA (`weight` holds
+    the same values, and serves prefill's many rows through cuBLAS)."""
+    if x.is_cuda:
+        return torch.ops.rollout.decode_linear(x, weight, bias, *fp8)
+    return F.linear(x, weight, bias)
+
+
+def _fp8_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if torch.is_grad_enabled():  # training: the plain nn.Linear, with gradients
+        return self._plain_forward(x)
+    return fp8_linear(x, self.weight, self.bias, self._fp8)

@@ -1,0 +1,157 @@
+"""FP8 weights on the GPU: the engine's FP8 decode GEMMs and experts serve the rounded model as
+transformers computes it (exactly in fp32; to bf16 precision in bf16), CUDA graphs equal eager,
+and a weight update is rounded again in place under captured graphs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rollout import SamplingParams
+from rollout.kernels.torch_fp8 import fp8_linear_reference, quantize_rows
+from rollout.kernels.torch_moe import fused_experts_reference
+from tests import model_zoo
+from tests.conftest import engine_for, hf_greedy, random_prompts, tiny_model
+from tests.fp8_oracle import rounded_copy
+
+pytestmark = pytest.mark.gpu
+
+PROMPTS = random_prompts((1, 5, 16, 17, 33, 50, 64, 9, 2), seed=21)
+ON_GPU = dict(
+    device="cuda",
+    dtype="float32",
+    block_size=16,
+    max_model_len=256,
+    max_num_seqs=16,
+    max_num_batched_tokens=48,
+    num_kv_blocks=24,  # preemption
+    attention="triton",
+    compile_model=False,
+    weight_quantization="fp8",
+)
+
+
+def _count_fp8_launches(monkeypatch) -> list[int]:
+    """Counts the decode GEMMs launched over FP8 weights."""
+    from rollout.kernels import triton_linear
+
+    launches = []
+    launch = triton_linear.launch
+
+    def counting(*args, scale=None, **kwargs):
+        if scale is not None:
+            launches.append(1)
+        return launch(*args, scale=scale, **kwargs)
+
+    monkeypatch.setattr(triton_linear, "launch", counting)
+    return launches
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen3_moe"])
+def test_fp32_greedy_equals_transformers_on_the_rounded_model(arch: str, monkeypatch) -> None:
+    model = tiny_model(arch).to("cuda")
+    reference = rounded_copy(model)
+    expected = [hf_greedy(reference, p, 40) for p in PROMPTS]
+    launches = _count_fp8_launches(monkeypatch)
+    engine = engine_for(model, ON_GPU)
+    results = engine.generate(PROMPTS, SamplingParams(max_tokens=40, temperature=0))
+    assert [r.token_ids for r in results] == expected
+    assert launches, "the decode steps must read the FP8 weights"
+    assert engine.stats().preemptions > 0 and engine.stats().cuda_graphs > 0
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_bf16_logprobs_are_the_rounded_models_to_bf16_precision(arch: str) -> None:
+    model = tiny_model(arch).to("cuda", torch.bfloat16)
+    reference = rounded_copy(model)
+    engine = engine_for(model, ON_GPU, dtype="bfloat16", num_kv_blocks=200, compile_model=True)
+    params = SamplingParams(max_tokens=40, temperature=1.0, seed=2)
+    diffs = []
+    for prompt, result in zip(PROMPTS, engine.generate(PROMPTS, params), strict=True):
+        ids = torch.tensor([prompt + result.token_ids], device="cuda")
+        with torch.no_grad():
+            logits = reference(ids).logits[0, len(prompt) - 1 : -1].float()
+        want = torch.log_softmax(logits, -1).gather(1, ids[0, len(prompt) :, None])[:, 0]
+        diffs.append((torch.tensor(result.logprobs, device="cuda") - want).abs())
+    diffs = torch.cat(diffs)
+    assert diffs.median() < 0.02 and diffs.max() < 0.25, (diffs.median(), diffs.max())
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
+@pytest.mark.parametrize("compile_model", [False, True])
+def test_graphs_equal_eager_with_fp8_weights(arch: str, compile_model: bool) -> None:
+    model = model_zoo.tiny_model(arch).to("cuda", torch.bfloat16)
+    sampled = SamplingParams(max_tokens=40, temperature=1.0, n=2, seed=3)
+    settings = dict(num_kv_blocks=200, dtype="bfloat16", compile_model=compile_model)
+    graphed = engine_for(model, ON_GPU, **settings)
+    a = graphed.generate(PROMPTS, sampled)
+    assert graphed.stats().cuda_graphs > 0
+    b = engine_for(model, ON_GPU, cuda_graphs=False, **settings).generate(PROMPTS, sampled)
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
+def test_a_weight_update_under_captured_graphs_is_rounded_in_place(arch: str) -> None:
+    old, new = (tiny_model(arch, seed=s).to("cuda", torch.bfloat16) for s in (1, 2))
+    settings = dict(num_kv_blocks=200, dtype="bfloat16")
+    params = SamplingParams(max_tokens=32, temperature=1.0, n=2, seed=5)
+    engine = engine_for(old, ON_GPU, **settings)
+    engine.generate(PROMPTS, params)  # captures the graphs on the old weights
+    graphs = engine.stats().cuda_graphs
+    engine.update_weights(list(new.named_parameters()))
+    assert engine.stats().fp8_round_s is not None
+    after = engine.generate(PROMPTS, params)
+    fresh = engine_for(new, ON_GPU, **settings).generate(PROMPTS, params)
+    assert engine.stats().cuda_graphs == graphs  # replayed, not captured again
+    assert [r.token_ids for r in after] == [r.token_ids for r in fresh]
+
+
+def test_speculation_with_fp8_weights_emits_the_plain_tokens() -> None:
+    model = tiny_model("llama").to("cuda")
+    for params in (
+        SamplingParams(max_tokens=40, temperature=0),
+        SamplingParams(max_tokens=40, temperature=0.5, n=2, seed=4),
+    ):
+        plain = engine_for(model, ON_GPU, num_kv_blocks=200).generate(PROMPTS, params)
+        engine = engine_for(
+            model, ON_GPU, num_kv_blocks=200, speculative="ngram", speculative_max_seqs=16
+        )
+        engine.debug_internals().scheduler.speculation.max_pause = 0  # try every step
+        drafted = engine.generate(PROMPTS, params)
+        assert [r.token_ids for r in drafted] == [r.token_ids for r in plain]
+        assert engine.stats().speculation.verifications > 0
+
+
+@pytest.mark.parametrize("tokens", [1, 32, 2000])
+def test_fp8_experts_kernel_equals_its_twin(tokens: int) -> None:
+    from rollout.kernels.triton_moe import fused_experts
+
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    experts, top_k, hidden, inter = 128, 8, 512, 192
+    x = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
+    weights, index = torch.softmax(
+        torch.randn(tokens, experts, generator=g, device="cuda"), -1
+    ).topk(top_k, dim=-1)
+    gate_up = torch.randn(experts, 2 * inter, hidden, generator=g, device="cuda") / 20
+    down = torch.randn(experts, hidden, inter, generator=g, device="cuda") / 12
+    (gq, gs), (dq, ds) = quantize_rows(gate_up), quantize_rows(down)
+    got = fused_experts(x, index, weights, gq, dq, gs, ds)
+    rounded = [(q.float() * s[..., None]).bfloat16() for q, s in ((gq, gs), (dq, ds))]
+    want = fused_experts_reference(x, index, weights, *rounded)
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_fp32_fp8_decode_gemm_is_the_rounded_gemm() -> None:
+    from rollout.kernels.torch_fp8 import FP8_DTYPE, round_to_fp8_
+    from rollout.kernels.triton_linear import decode_linear
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(33, 700, device="cuda", generator=g)
+    weight = torch.randn(300, 700, device="cuda", generator=g)
+    q, scale = (
+        torch.empty(300, 700, device="cuda", dtype=FP8_DTYPE),
+        torch.empty(300, device="cuda"),
+    )
+    round_to_fp8_(weight, q, scale)
+    got = decode_linear(x, weight, None, q, scale)
+    torch.testing.assert_close(got, fp8_linear_reference(x, q, scale), rtol=1e-5, atol=1e-4)

@@ -1,0 +1,140 @@
+"""FP8 weights in the engine (`EngineConfig(weight_quantization="fp8")`, fp32 on CPU): the engine
+serves exactly the model whose projection and expert weights are their FP8 values, and keeps
+serving the rounded model after weight updates."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from rollout import EngineConfig, LLMEngine, SamplingParams
+from rollout.engine.model.capabilities import UnsupportedModelError
+from rollout.kernels.torch_fp8 import dequantize_rows
+from tests.conftest import engine_for, hf_greedy, random_prompts, tiny_model
+from tests.fp8_oracle import expected_rounded, rounded_copy
+
+SETTINGS = dict(
+    block_size=4,
+    max_model_len=96,
+    max_num_seqs=8,
+    max_num_batched_tokens=12,  # chunked prefill
+    num_kv_blocks=64,
+    device="cpu",
+    dtype="float32",
+    weight_quantization="fp8",
+)
+PROMPT_LENGTHS = (1, 4, 9, 17, 30)
+MAX_NEW = 20
+ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_the_engine_serves_the_fp8_rounded_model_exactly(arch: str, overlap: bool) -> None:
+    model = tiny_model(arch, seed=5)
+    reference = rounded_copy(model)
+    prompts = random_prompts(PROMPT_LENGTHS, seed=2)
+    engine = engine_for(model, SETTINGS, overlap=overlap)
+    # the engine's model is the oracle's, weight for weight, and only the covered ones changed
+    engine_params = dict(engine.model.named_parameters())
+    for name, param in reference.named_parameters():
+        assert torch.equal(engine_params[name], param), name
+        changed = not torch.equal(param, dict(model.named_parameters())[name])
+        assert changed == expected_rounded(name), name
+    results = engine.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0))
+    assert [r.token_ids for r in results] == [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+    # the FP8 bytes the decode GEMMs read stand for exactly those weights
+    fp8 = engine.debug_internals().runner.prepared.fp8_weights
+    assert fp8.weights and engine.stats().fp8_round_s is not None
+    for w in fp8.weights:
+        assert torch.equal(dequantize_rows(w.q, w.scale, w.weight.dtype), w.weight), w.name
+
+
+def test_sampled_logprobs_are_the_rounded_models() -> None:
+    model = tiny_model("qwen3", seed=6)
+    reference = rounded_copy(model)
+    prompt = random_prompts((7,), seed=3)[0]
+    engine = engine_for(model, SETTINGS)
+    [result] = engine.generate([prompt], SamplingParams(max_tokens=12, temperature=1.0, seed=4))
+    with torch.no_grad():
+        logits = reference(torch.tensor([prompt + result.token_ids])).logits[0]
+    logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
+    want = logprobs.gather(1, torch.tensor(result.token_ids)[:, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(result.logprobs), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
+def test_a_weight_update_is_rounded_again_in_place(arch: str) -> None:
+    engine = engine_for(tiny_model(arch, seed=1), SETTINGS)
+    before = {n: p.data_ptr() for n, p in engine.model.named_parameters()}
+    new = tiny_model(arch, seed=2)  # bf16-style full-precision weights, as a trainer sends them
+    engine.update_weights(list(new.named_parameters()))
+    assert {n: p.data_ptr() for n, p in engine.model.named_parameters()} == before
+    reference = rounded_copy(new)
+    prompts = random_prompts((5, 13), seed=7)
+    results = engine.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0))
+    assert [r.token_ids for r in results] == [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+    # a receiver function (weight sync's path) is rounded after it too
+    engine.update_weights(lambda m: m.get_decoder().layers[0].self_attn.o_proj.weight.fill_(0.3))
+    o_proj = engine.model.get_decoder().layers[0].self_attn.o_proj.weight
+    # 0.3 is not an e4m3 value times a power of two: with scale 2^-10 it rounds to 320 x 2^-10
+    assert torch.all(o_proj == 0.3125)
+
+
+def test_unknown_quantization_and_unquantizable_models_are_refused() -> None:
+    with pytest.raises(ValueError, match="weight_quantization must be one of"):
+        EngineConfig(weight_quantization="int4")
+
+    class NoLayers(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = torch.nn.Module()
+
+        def get_output_embeddings(self):
+            return None
+
+    from rollout.engine.model.fp8_weights import quantized_tensors
+
+    with pytest.raises(UnsupportedModelError, match="weight_quantization='none'"):
+        quantized_tensors(NoLayers())
+
+
+def test_fp8_off_leaves_the_weights_alone() -> None:
+    model = tiny_model("llama", seed=3)
+    engine = LLMEngine.from_model(
+        copy.deepcopy(model), EngineConfig(**{**SETTINGS, "weight_quantization": "none"})
+    )
+    for (name, a), b in zip(model.named_parameters(), engine.model.parameters(), strict=True):
+        assert torch.equal(a, b), name
+    assert engine.stats().fp8_round_s is None
+
+
+def test_a_later_engine_without_fp8_drops_the_copies_and_the_roofline_counts_them() -> None:
+    from benchmarks.lib.roofline import weight_bytes_per_step, weight_split
+
+    model = tiny_model("qwen3_moe", seed=4)
+    plain_bytes, plain_split = weight_bytes_per_step(model), weight_split(model)
+    LLMEngine.from_model(model, EngineConfig(**SETTINGS))  # rounds `model` itself
+    # the quantized weights are read as one byte each, plus a 4-byte scale per row
+    quantized = [p for n, p in model.named_parameters() if expected_rounded(n)]
+    saved = sum(p.numel() * (p.element_size() - 1) - 4 * p[..., 0].numel() for p in quantized)
+    assert weight_bytes_per_step(model) == plain_bytes - saved
+    experts = [p for n, p in model.named_parameters() if "experts." in n]
+    expert_saved = sum(p.numel() * (p.element_size() - 1) - 4 * p[..., 0].numel() for p in experts)
+    assert weight_split(model).expert_bytes == plain_split.expert_bytes - expert_saved
+    engine = LLMEngine.from_model(
+        model, EngineConfig(**{**SETTINGS, "weight_quantization": "none"})
+    )
+    assert not any(
+        hasattr(m, "_fp8") or "forward" in vars(m)
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+    )
+    assert weight_bytes_per_step(model) == plain_bytes
+    new = tiny_model("qwen3_moe", seed=9)
+    engine.update_weights(list(new.named_parameters()))  # not rounded: this engine serves bf16
+    prompts = random_prompts((6, 11), seed=8)
+    results = engine.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0))
+    assert [r.token_ids for r in results] == [hf_greedy(new, p, MAX_NEW) for p in prompts]
