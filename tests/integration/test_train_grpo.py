@@ -62,6 +62,39 @@ def test_two_grpo_steps_through_ray_actors(tmp_path, policy_dir, prompts_file, m
 
 
 @pytest.mark.slow
+def test_fp8_actors_turn_the_correction_on_and_stay_fp8_after_each_sync(
+    tmp_path, policy_dir, prompts_file, capsys
+) -> None:
+    """Actors with FP8 weights: the job says it turns token_tis on, every sync is rounded again
+    (the parity probe sees the FP8 model's gap to the trainer's, not zero), and the run ends."""
+    from trainers.job import run_job
+    from trainers.job.config_loading import load_config
+
+    config = load_config(
+        None,
+        [
+            f"output_dir={tmp_path / 'run'}",
+            f"model={policy_dir}",
+            f"dataset.source={prompts_file}",
+            "trainer.max_steps=2",
+            "trainer.num_generations=2",
+            "trainer.prompts_per_step=2",
+            "trainer.max_completion_length=8",
+            "rollout.engine={max_model_len: 64, max_num_seqs: 16, num_kv_blocks: 64, block_size: 8,"
+            " weight_quantization: fp8}",
+        ],
+    )
+    summary = run_job(config)
+    assert "trainer.off_policy_correction=token_tis (auto" in capsys.readouterr().out
+    assert summary["steps"] == 2 and summary["weight_syncs"] >= 1
+    assert summary["off_policy_correction"] == "token_tis"
+    assert summary["weight_quantization"] == "fp8"
+    parity = [d for d in summary["logprob_max_abs_diff"] if d is not None]
+    assert parity and min(parity) > 1e-4, "the actors serve FP8 weights after every sync"
+    assert summary["off_policy"]["kl"] != 0.0
+
+
+@pytest.mark.slow
 def test_an_moe_policy_trains_with_speculating_actors(tmp_path, moe_policy_dir, prompts_file):
     """A Qwen3-MoE policy (its 3-D expert weights synced by name like any other) with n-gram
     speculation in the actor: the parity probe holds after every sync."""

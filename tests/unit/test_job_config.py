@@ -31,6 +31,24 @@ def test_yaml_then_overrides(tmp_path) -> None:
     assert config.rollout.num_actors == 2 and config.rewards == ("exact_answer",)
 
 
+def test_fp8_rollouts_turn_the_off_policy_correction_on_and_the_job_says_so() -> None:
+    from trainers.job.run import fp8_notice
+
+    assert load_config(None, []).off_policy_correction == "none"
+    fp8 = load_config(None, ["rollout.engine.weight_quantization=fp8"])
+    assert fp8.fp8_rollouts and fp8.off_policy_correction == "token_tis"
+    assert "token_tis (auto, cap 2.0) corrects" in fp8_notice(fp8)
+    chosen = load_config(
+        None,
+        ["rollout.engine.weight_quantization=fp8", "trainer.off_policy_correction=sequence_mis"],
+    )
+    assert chosen.off_policy_correction == "sequence_mis" and "(as set" in fp8_notice(chosen)
+    off = load_config(
+        None, ["rollout.engine.weight_quantization=fp8", "trainer.off_policy_correction=none"]
+    )
+    assert off.off_policy_correction == "none" and "does not correct" in fp8_notice(off)
+
+
 def test_rows_too_short_to_share_a_prompt_hold_one_sample_each() -> None:
     base = ["trainer.prompts_per_step=2", "trainer.num_generations=4"]
     base += ["trainer.max_completion_length=32", "rollout.engine.max_model_len=160"]
@@ -210,6 +228,10 @@ def test_a_greedy_temperature_is_refused_with_the_reason() -> None:
         ("rollout.engine.gpu_memory_utilization=x", "engine.gpu_memory_utilization=x: must be a"),
         ("rollout.engine.overlap=maybe", "rollout.engine.overlap=maybe: must be true or false"),
         ("rollout.engine.dtype=fp8", "rollout.engine.dtype=fp8: must be one of"),
+        (
+            "rollout.engine.weight_quantization=int4",
+            "rollout.engine.weight_quantization=int4: must be one of",
+        ),
         ("rollout.engine.model=/m", "rollout.engine.model=/m: the job sets it from the top-level"),
         ("rollout.engine.seed=3", "rollout.engine.seed=3: the job sets it from the top-level"),
         ("rollout.engine.max_len=8", "unknown config key(s) ['rollout.engine.max_len']"),
@@ -483,7 +505,7 @@ def test_lora_from_a_file_with_a_list_of_targets(tmp_path) -> None:
         (["trainer.num_processes=0"], "trainer.num_processes=0: must be >= 1"),
         (
             ["trainer.off_policy_correction=tis"],
-            "trainer.off_policy_correction=tis: must be none, token_tis or sequence_mis",
+            "trainer.off_policy_correction=tis: must be auto, none, token_tis or sequence_mis",
         ),
         (["trainer.off_policy_cap=1"], "trainer.off_policy_cap=1: must be > 1 (2.0 is usual)"),
         (

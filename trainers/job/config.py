@@ -24,7 +24,7 @@ _PROMPT_TOKENS = 128  # a prompt's length, as estimated for sizing a step's rows
 
 STALENESS_RULES = ("last_token", "group_last_token", "mean_token", "first_token")
 """The choices of `trainer.staleness` (trainers/trl_adapter/staleness.py reads them)."""
-OFF_POLICY_CORRECTIONS = ("none", "token_tis", "sequence_mis")
+OFF_POLICY_CORRECTIONS = ("auto", "none", "token_tis", "sequence_mis")
 """The choices of `trainer.off_policy_correction` (trainers/trl_adapter/off_policy.py)."""
 
 
@@ -139,12 +139,14 @@ class TrainerConfig:
     the trainer more than max_staleness versions to reach, at the pace it takes them (AReaL's
     bound on staleness at admission): fewer samples generated only to be dropped, but the actors
     idle while prompts are held (docs/performance.md measures both sides), hence off."""
-    off_policy_correction: str = "none"
+    off_policy_correction: str = "auto"
     """How the loss corrects for tokens sampled by other weights than the trainer's (older
-    versions, another kernel and dtype): "none" (TRL's PPO ratio against the rollout's
-    logprobs), "token_tis" (each token weighted by min(pi_trainer / pi_rollout, cap)) or
-    "sequence_mis" (samples whose whole-sequence ratio is outside [1/cap, cap] left out). Both
-    modes; no extra forward. Every step logs the mismatch (off_policy/* in W&B) either way."""
+    versions, another kernel and dtype, FP8 weights): "none" (TRL's PPO ratio against the
+    rollout's logprobs), "token_tis" (each token weighted by min(pi_trainer / pi_rollout, cap))
+    or "sequence_mis" (samples whose whole-sequence ratio is outside [1/cap, cap] left out);
+    "auto": "token_tis" when the actors sample with FP8 weights
+    (rollout.engine.weight_quantization: fp8), else "none". Both modes; no extra forward. Every
+    step logs the mismatch (off_policy/* in W&B) either way."""
     off_policy_cap: float = 2.0
     """The cap of trainer.off_policy_correction (> 1)."""
     routing_replay: bool = False
@@ -353,6 +355,18 @@ class JobConfig:
             max_tokens=self.trainer.max_completion_length,
             tool_timeout_s=self.environment.tool_timeout_s,
         )
+
+    @property
+    def off_policy_correction(self) -> str:
+        """trainer.off_policy_correction with "auto" resolved."""
+        chosen = self.trainer.off_policy_correction
+        if chosen != "auto":
+            return chosen
+        return "token_tis" if self.fp8_rollouts else "none"
+
+    @property
+    def fp8_rollouts(self) -> bool:
+        return self.rollout.engine.get("weight_quantization") == "fp8"
 
     @property
     def save_steps(self) -> int:

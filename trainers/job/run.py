@@ -36,6 +36,21 @@ from trainers.job.stopping import GracefulStop
 from trainers.job.training import Run, train_process
 
 
+def fp8_notice(config: JobConfig) -> str:
+    """What FP8 rollouts mean for this run's loss."""
+    chosen = config.off_policy_correction
+    if chosen == "none":
+        return (
+            "the actors sample with FP8 weights and trainer.off_policy_correction is none: the "
+            "loss does not correct for their drift from the bf16 policy (off_policy/kl shows it)"
+        )
+    how = "auto" if config.trainer.off_policy_correction == "auto" else "as set"
+    return (
+        f"the actors sample with FP8 weights: trainer.off_policy_correction={chosen} ({how}, "
+        f"cap {config.trainer.off_policy_cap}) corrects for their drift from the bf16 policy"
+    )
+
+
 def run_job(config: JobConfig) -> dict:
     out = prepare_run_directory(config)
     # Everything the user gave, checked before Ray: a mistake fails in seconds, in one line.
@@ -54,6 +69,8 @@ def run_job(config: JobConfig) -> dict:
             f"{'this process' if placement.trainer_in_driver else 'Ray'}, weight sync over "
             f"{placement.weight_sync_backend}" + (f"; resuming from {resume}" if resume else "")
         )
+        if config.fp8_rollouts:
+            print(f"[train_grpo] {fp8_notice(config)}")
         if placement.trainer_in_driver:
             return train_process(Run(config, inputs, out, placement, saved, resume), stop)
         import ray

@@ -62,7 +62,8 @@ def job_summary(
         ),
         "error_samples": built.error_samples,
         "staleness_rule": config.trainer.staleness if config.trainer.mode == "streaming" else None,
-        "off_policy_correction": config.trainer.off_policy_correction,
+        "off_policy_correction": config.off_policy_correction,
+        "weight_quantization": config.rollout.engine.get("weight_quantization", "none"),
         "off_policy": off_policy_figures(trainer.state.log_history),
         "routing_replay": config.trainer.routing_replay,
         "routing_flipped_fraction": logged_mean(

@@ -134,7 +134,7 @@ def build_trainer(job: JobInputs) -> BuiltTrainer:
         trainer.feed = feed
     else:
         trainer = sync.trainer_for_job(job, sampling, transfer, probe, feed)
-    trainer.off_policy = (t.off_policy_correction, t.off_policy_cap)
+    trainer.off_policy = (job.config.off_policy_correction, t.off_policy_cap)
     if t.routing_replay:
         from trainers.trl_adapter.replay_batches import RoutesByTokens
         from trainers.trl_adapter.routing_replay import RouteReplay
