@@ -34,7 +34,7 @@ for part in "$@"; do
       timeout ${PYTEST_TIMEOUT:-330} python3 -m pytest -m gpu -q -p no:cacheprovider \
         ${GPU_TESTS:-tests/gpu} 2>&1 | tee "$OUT_DIR/pytest_gpu.log" | tail -25 ;;
     gemm)
-      for m in 8 32; do
+      for m in ${GEMM_ROWS:-8 32}; do
         run "gemm_qwen3-8b_m$m" 120 benchmarks/bench_gemm.py --shapes qwen3-8b --m $m \
           ${GEMM_ARGS:-} --json-out "$OUT_DIR/gemm_qwen3-8b_m$m.json"
       done ;;

@@ -72,6 +72,47 @@ def _decode_linear_kernel(
     )
 
 
+@triton.jit
+def _fp8_weight_first_kernel(
+    x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_ym,
+    IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """y.T = (q * s) @ x.T: the FP8 weight tile, widened in registers, is the left operand, which
+    Hopper's tensor cores take from registers; as the right operand (the kernel above) the
+    widened tile goes back through shared memory first."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = (offs_k < K) | EVEN_K
+        q = tl.load(
+            q_ptr + offs_n[:, None] * stride_qn + offs_k[None, :],
+            mask=n_mask[:, None] & k_mask[None, :],
+            other=0.0,
+        )
+        x = tl.load(
+            x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None],
+            mask=m_mask[None, :] & k_mask[:, None],
+            other=0.0,
+        )
+        if IEEE:
+            acc = tl.dot(q.to(x.dtype), x, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(q.to(x.dtype), x, acc)
+    acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[:, None]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+    tl.store(
+        y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None],
+        acc.to(y_ptr.dtype.element_ty),
+        mask=m_mask[None, :] & n_mask[:, None],
+    )
+
+
 SHARED_MEMORY_BUDGET = 200 * 1024  # of the H200's 227 KiB per block, with room to spare
 
 
@@ -132,6 +173,10 @@ def decode_linear(
     x2 = x.reshape(rows, k).contiguous()
     n = weight.shape[0]
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    if fp8_weight is not None and FP8_WEIGHT_FIRST:
+        tiles = _weight_first_tiles(rows, x.element_size())
+        launch_fp8_weight_first(x2, fp8_weight, fp8_scale, bias, y, *tiles)
+        return y.view(*x.shape[:-1], n)
     tiles = _tiles(rows, n, kernel_weight.element_size(), x.element_size())
     launch(x2, kernel_weight, bias, y, *tiles, scale=fp8_scale)
     return y.view(*x.shape[:-1], n)
@@ -148,6 +193,37 @@ def launch(x, weight, bias, y, block_n: int, block_k: int, stages: int, scale=No
         FP8=scale is not None, IEEE=x.dtype == torch.float32, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
         BLOCK_M=_block_m(rows), BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=4, num_stages=stages,
+    )  # fmt: skip
+
+
+# The FP8 GEMM's kernel and tiles (BLOCK_N, BLOCK_K, stages) for the weight-first variant.
+FP8_WEIGHT_FIRST = True
+FP8_WEIGHT_FIRST_TILES = (64, 256, 4)
+
+
+def _weight_first_tiles(rows: int, x_bytes: int) -> tuple[int, int, int]:
+    block_n, block_k, stages = FP8_WEIGHT_FIRST_TILES
+
+    def stage_bytes() -> int:
+        return (_block_m(rows) * x_bytes + block_n) * block_k
+
+    while 2 * stage_bytes() > SHARED_MEMORY_BUDGET and block_k > 32:
+        block_k //= 2
+    return block_n, block_k, max(2, min(stages, SHARED_MEMORY_BUDGET // stage_bytes()))
+
+
+def launch_fp8_weight_first(
+    x, q, scale, bias, y, block_n: int, block_k: int, stages: int, num_warps: int = 4
+) -> None:
+    """y[M, N] = (x[M, K] @ q[N, K].T) * scale (+ bias), the weight tile as the left operand."""
+    rows, k = x.shape
+    n = q.shape[0]
+    _fp8_weight_first_kernel[(triton.cdiv(n, block_n),)](
+        x, q, scale, bias if bias is not None else y, y, rows, n, k,
+        x.stride(0), q.stride(0), y.stride(0),
+        IEEE=x.dtype == torch.float32, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
+        BLOCK_M=_block_m(rows), BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=num_warps, num_stages=stages,
     )  # fmt: skip
 
 
