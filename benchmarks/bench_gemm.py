@@ -41,7 +41,6 @@ SHAPES = {"w1": W1_SHAPES, "qwen3-8b": QWEN3_8B_SHAPES}
 L2_BYTES = 64 << 20  # a little above the H200's 50 MB
 SWEEP = list(itertools.product((16, 32, 64), (128, 256), (3, 4, 6)))  # BLOCK_N, BLOCK_K, stages
 FP8_SWEEP = list(itertools.product((16, 32, 64), (256, 512), (2, 3, 4, 6)))
-FP8_WEIGHT_FIRST_SWEEP = list(itertools.product((64, 128), (128, 256, 512), (2, 3, 4, 6)))
 
 
 def time_in_graph(fn, copies: int, replays: int = 20) -> float:
@@ -85,6 +84,12 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
         fp8.append((q, scale))
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     want = (x @ weights[0].T).float()
+    y8 = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+
+    def fp8_kernel(i):  # the FP8 kernel at its tiles, wherever the engine would use it or not
+        q, scale = fp8[i]
+        triton_linear.launch(x, q, None, y8, *triton_linear._tiles(m, n, 1), scale=scale)
+        return y8
 
     def rel_error(got):
         return ((got.float() - want).norm() / want.norm()).item()
@@ -95,7 +100,7 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
         "k": k,
         "m": m,
         "rel_error": rel_error(triton_linear.decode_linear(x, weights[0], None)),
-        "fp8_rel_error": rel_error(triton_linear.decode_linear(x, weights[0], None, *fp8[0])),
+        "fp8_rel_error": rel_error(fp8_kernel(0).clone()),
     }
     candidates = [
         ("cublas", weight_bytes, lambda i: x @ weights[i].T),
@@ -103,19 +108,9 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
         (
             "triton_fp8",
             n * k + 4 * n,
-            lambda i: triton_linear.decode_linear(x, weights[i], None, *fp8[i]),
+            lambda i: fp8_kernel(i),
         ),
     ]
-    y_fp8 = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    fp8_variants = {  # both FP8 kernels at their default tiles, whichever the op takes
-        "fp8_weight_right": lambda i: triton_linear.launch(
-            x, fp8[i][0], None, y_fp8, *triton_linear._tiles(m, n, 1), scale=fp8[i][1]
-        ),
-        "fp8_weight_left": lambda i: triton_linear.launch_fp8_weight_first(
-            x, fp8[i][0], fp8[i][1], None, y_fp8, *triton_linear._weight_first_tiles(m, 2)
-        ),
-    }
-    candidates += [(label, n * k + 4 * n, fn) for label, fn in fp8_variants.items()]
     for label, nbytes, fn in candidates:
         ms = time_in_graph(fn, copies)
         row[f"{label}_ms"] = ms
@@ -145,19 +140,6 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
                 continue
         best = min(timed, key=timed.get)
         row["fp8_sweep_best"] = {"tiles": list(best), "ms": timed[best]}
-        timed = {}
-        for tiles in FP8_WEIGHT_FIRST_SWEEP:
-            try:
-                timed[tiles] = time_in_graph(
-                    lambda i, t=tiles: triton_linear.launch_fp8_weight_first(
-                        x, fp8[i][0], fp8[i][1], None, y, *t
-                    ),
-                    copies,
-                )
-            except Exception:  # noqa: BLE001 - e.g. out of shared memory: not a candidate
-                continue
-        best = min(timed, key=timed.get)
-        row["fp8_weight_left_sweep_best"] = {"tiles": list(best), "ms": timed[best]}
     return row
 
 
@@ -189,16 +171,12 @@ def main() -> None:
             f"{row['cublas_tb_per_s']:.2f} TB/s | Triton {row['triton_ms'] * 1e3:6.1f} us "
             f"{row['triton_tb_per_s']:.2f} TB/s | FP8 {row['triton_fp8_ms'] * 1e3:6.1f} us "
             f"{row['triton_fp8_tb_per_s']:.2f} TB/s ({row['cublas_ms'] / row['triton_fp8_ms']:.2f}x"
-            f" cuBLAS; right {row['fp8_weight_right_ms'] * 1e3:.1f}, left "
-            f"{row['fp8_weight_left_ms'] * 1e3:.1f} us) | rel err {row['rel_error']:.1e}, FP8 "
-            f"{row['fp8_rel_error']:.1e}"
+            f" cuBLAS) | rel err {row['rel_error']:.1e}, FP8 {row['fp8_rel_error']:.1e}"
         )
         if "sweep_best" in row:
             best, best8 = row["sweep_best"], row["fp8_sweep_best"]
             line += f" | best tiles {best['tiles']} {best['ms'] * 1e3:.1f} us"
             line += f", FP8 {best8['tiles']} {best8['ms'] * 1e3:.1f} us"
-            left = row["fp8_weight_left_sweep_best"]
-            line += f", FP8 left {left['tiles']} {left['ms'] * 1e3:.1f} us"
         print(line)
         torch.cuda.empty_cache()
     if args.json_out:

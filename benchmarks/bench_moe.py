@@ -1,4 +1,5 @@
-"""One MoE layer's experts alone: transformers' grouped_mm path against our fused Triton kernel;
+"""One MoE layer's experts alone: transformers' grouped_mm path against our fused Triton kernel
+(over bf16 weights, and over their FP8 copies);
 and the two small launches in front of them, the router's softmax top-k and the pairs' sort,
 each both ways.
 
@@ -46,6 +47,7 @@ def measure(tokens: int, args, sweep: bool) -> dict:
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
     from rollout.kernels import torch_moe, triton_moe, triton_routing
+    from rollout.kernels.torch_fp8 import quantize_rows
 
     config = Qwen3MoeConfig(
         hidden_size=args.hidden,
@@ -75,12 +77,20 @@ def measure(tokens: int, args, sweep: bool) -> dict:
             x, index, weights, layers[i].gate_up_proj, layers[i].down_proj
         )
 
+    # FP8 copies of both layers (e4m3, a scale per output row), as weight_quantization="fp8"
+    fp8 = [(quantize_rows(m.gate_up_proj), quantize_rows(m.down_proj)) for m in layers]
+
+    def fused_fp8(i):
+        (gate_up, gate_up_scale), (down, down_scale) = fp8[i]
+        return triton_moe.fused_experts(x, index, weights, gate_up, down, gate_up_scale, down_scale)
+
     with torch.no_grad():
         want = layers[0](x, index, weights)
         got = fused(0)
         error = (got.float() - want.float()).abs().max().item()
         grouped_ms = time_in_graph(lambda i: layers[i](x, index, weights), copies=2)
         fused_ms = time_in_graph(fused, copies=2)
+        fused_fp8_ms = time_in_graph(fused_fp8, copies=2)
         # The pairs' expert order in front of the fused launches, both ways.
         sort_ms = {
             "torch_sort": time_in_graph(
@@ -115,6 +125,8 @@ def measure(tokens: int, args, sweep: bool) -> dict:
         "grouped_mm_ms": grouped_ms,
         "fused_ms": fused_ms,
         "fused_floor_fraction": floor_ms / fused_ms,
+        "fused_fp8_ms": fused_fp8_ms,
+        "fused_fp8_floor_fraction": floor_ms / 2 / fused_fp8_ms,
         "grouped_mm_floor_fraction": floor_ms / grouped_ms,
         "max_abs_diff": error,
         "sort_ms": sort_ms,
@@ -191,7 +203,8 @@ def main(argv: list[str] | None = None) -> None:
             f"[moe] {tokens:5d} tokens, {r['touched_experts']:3d} experts: floor "
             f"{r['floor_ms']:.3f} ms | grouped_mm {r['grouped_mm_ms']:.3f} ms "
             f"({r['grouped_mm_floor_fraction']:.0%}) | fused {r['fused_ms']:.3f} ms "
-            f"({r['fused_floor_fraction']:.0%}) | max |diff| {r['max_abs_diff']:.2g} | sort: "
+            f"({r['fused_floor_fraction']:.0%}) | FP8 {r['fused_fp8_ms']:.3f} ms "
+            f"({r['fused_fp8_floor_fraction']:.0%} of its floor) | max |diff| {r['max_abs_diff']:.2g} | sort: "
             f"torch {1e3 * r['sort_ms']['torch_sort']:.1f} us, counting "
             f"{1e3 * r['sort_ms']['counting_sort']:.1f} us | routing: torch "
             f"{1e3 * r['routing_ms']['torch']:.1f} us, fused {1e3 * r['routing_ms']['fused']:.1f} us"

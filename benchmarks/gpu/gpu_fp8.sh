@@ -5,6 +5,8 @@
 #   w1       qwen3-8b-w1 (32 x (256 + 2048)), bf16 then FP8 weights
 #   grpo     the grpo workload on the Qwen3-8B shape, bf16 then FP8 weights
 #   grpo-moe the grpo workload on the Qwen3-30B-A3B shape (GRPO_MOE_ARGS), bf16 then FP8
+#   tail     a tail-only grpo mix (2 prompts x 4 samples, up to 4,096 tokens), bf16 then FP8
+#   moe      one MoE layer's experts (Qwen3-30B-A3B), bf16 and FP8 weights
 #   drift    FP8 rollouts against the bf16 trainer (bench_mismatch.py), dense and MoE
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out); ROLLOUT_COMMIT=<sha> names the commit.
@@ -40,6 +42,9 @@ for part in "$@"; do
       done ;;
     w1) both w1_qwen3-8b 150 --workload qwen3-8b-w1 ;;
     grpo) both grpo_qwen3-8b 240 --workload grpo ;;
+    tail) both grpo_tail 120 --workload grpo --prompts 2 --group-size 4 --length-max 4096 ;;
+    moe) run moe_experts 90 benchmarks/bench_moe.py --tokens ${MOE_TOKENS:-1,8,32,128} \
+      --json-out "$OUT_DIR/moe_experts.json" ;;
     grpo-moe) both grpo_qwen3-30b-a3b 270 --workload grpo --shape qwen3-30b-a3b ${GRPO_MOE_ARGS:-} ;;
     drift)
       for s in ${DRIFT_SHAPES:-qwen3-8b qwen3-30b-a3b}; do

@@ -72,47 +72,6 @@ def _decode_linear_kernel(
     )
 
 
-@triton.jit
-def _fp8_weight_first_kernel(
-    x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_ym,
-    IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """y.T = (q * s) @ x.T: the FP8 weight tile, widened in registers, is the left operand, which
-    Hopper's tensor cores take from registers; as the right operand (the kernel above) the
-    widened tile goes back through shared memory first."""
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask = offs_m < M
-    n_mask = offs_n < N
-    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = (offs_k < K) | EVEN_K
-        q = tl.load(
-            q_ptr + offs_n[:, None] * stride_qn + offs_k[None, :],
-            mask=n_mask[:, None] & k_mask[None, :],
-            other=0.0,
-        )
-        x = tl.load(
-            x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None],
-            mask=m_mask[None, :] & k_mask[:, None],
-            other=0.0,
-        )
-        if IEEE:
-            acc = tl.dot(q.to(x.dtype), x, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(q.to(x.dtype), x, acc)
-    acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[:, None]
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-    tl.store(
-        y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None],
-        acc.to(y_ptr.dtype.element_ty),
-        mask=m_mask[None, :] & n_mask[:, None],
-    )
-
-
 SHARED_MEMORY_BUDGET = 200 * 1024  # of the H200's 227 KiB per block, with room to spare
 
 
@@ -120,10 +79,12 @@ def _tiles(rows: int, n: int, weight_bytes: int = 2, x_bytes: int = 2) -> tuple[
     """(BLOCK_N, BLOCK_K, pipeline stages), from bench_gemm.py's sweep on the H200 at 32 rows:
     narrow outputs need narrow column blocks (more programs than SMs) and deep pipelines to keep
     loads in flight. Each stage holds an x and a weight tile in shared memory, so more rows
-    leave room for fewer stages. An FP8 weight tile takes half the bytes, so it spans twice the
-    K; fp32 activations (tests) take narrower K tiles to fit two stages."""
+    leave room for fewer stages. FP8 weights: (32, 256, 3) for the wide outputs FP8 is used for
+    (the sweep's best at 8 rows for gate/up and within 3% for the rest); fp32 activations (tests)
+    take narrower K tiles to fit two stages."""
     block_n, block_k, stages = (32, 256, 6) if n <= 16384 else (64, 128, 3)
-    block_k = block_k * 2 // weight_bytes
+    if weight_bytes == 1:
+        block_n, block_k, stages = 32, 256, 3
 
     def stage_bytes() -> int:
         return (_block_m(rows) * x_bytes + block_n * weight_bytes) * block_k
@@ -146,6 +107,19 @@ def supported(weight: torch.Tensor) -> bool:
     )
 
 
+# Where reading the FP8 weight pays (bench_gemm.py on one H200, Qwen3-8B's shapes): at 1-8 rows
+# the FP8 kernel takes 39-40 us for gate/up (24,576 x 4,096) against 50-52 us for bf16, and 193
+# against 284-301 us for a 151,936-wide head; at the narrower q/k/v, o and down projections it is
+# no faster than bf16 (12-31 us either way: fixed costs, not the read, set those GEMMs' time), and
+# at 32 rows it gains 10% at best. Elsewhere the bf16 weight, which holds the same values, is read.
+FP8_MAX_ROWS = 16
+FP8_MIN_COLUMNS = 16384
+
+
+def fp8_pays(rows: int, n: int) -> bool:
+    return 0 < rows <= FP8_MAX_ROWS and n >= FP8_MIN_COLUMNS
+
+
 @torch.library.custom_op("rollout::decode_linear", mutates_args=())
 def decode_linear(
     x: torch.Tensor,
@@ -153,12 +127,18 @@ def decode_linear(
     bias: torch.Tensor | None,
     fp8_weight: torch.Tensor | None = None,
     fp8_scale: torch.Tensor | None = None,
+    triton_bf16: bool = True,
 ) -> torch.Tensor:
     """F.linear(x, weight, bias), by the Triton kernel when x has at most MAX_ROWS rows. With
     `fp8_weight` and `fp8_scale` (weight's FP8 form: weight == fp8_weight * fp8_scale) the kernel
-    reads those instead; more rows, or off CUDA, take F.linear over `weight`."""
+    reads those where that pays (`fp8_pays`); otherwise, with `triton_bf16` False, F.linear (the
+    projections where cuBLAS is the faster bf16 GEMM). More rows, or off CUDA: F.linear."""
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
+    if fp8_weight is not None and not fp8_pays(rows, weight.shape[0]):
+        fp8_weight = fp8_scale = None
+    if fp8_weight is None and not triton_bf16:
+        return F.linear(x, weight, bias)
     kernel_weight = weight if fp8_weight is None else fp8_weight
     # fp32 activations only over FP8 weights (the exactness tests of FP8 in fp32)
     dtypes = (torch.bfloat16, torch.float16) + ((torch.float32,) if fp8_weight is not None else ())
@@ -173,10 +153,6 @@ def decode_linear(
     x2 = x.reshape(rows, k).contiguous()
     n = weight.shape[0]
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    if fp8_weight is not None and FP8_WEIGHT_FIRST:
-        tiles = _weight_first_tiles(rows, x.element_size())
-        launch_fp8_weight_first(x2, fp8_weight, fp8_scale, bias, y, *tiles)
-        return y.view(*x.shape[:-1], n)
     tiles = _tiles(rows, n, kernel_weight.element_size(), x.element_size())
     launch(x2, kernel_weight, bias, y, *tiles, scale=fp8_scale)
     return y.view(*x.shape[:-1], n)
@@ -196,37 +172,6 @@ def launch(x, weight, bias, y, block_n: int, block_k: int, stages: int, scale=No
     )  # fmt: skip
 
 
-# The FP8 GEMM's kernel and tiles (BLOCK_N, BLOCK_K, stages) for the weight-first variant.
-FP8_WEIGHT_FIRST = True
-FP8_WEIGHT_FIRST_TILES = (64, 256, 4)
-
-
-def _weight_first_tiles(rows: int, x_bytes: int) -> tuple[int, int, int]:
-    block_n, block_k, stages = FP8_WEIGHT_FIRST_TILES
-
-    def stage_bytes() -> int:
-        return (_block_m(rows) * x_bytes + block_n) * block_k
-
-    while 2 * stage_bytes() > SHARED_MEMORY_BUDGET and block_k > 32:
-        block_k //= 2
-    return block_n, block_k, max(2, min(stages, SHARED_MEMORY_BUDGET // stage_bytes()))
-
-
-def launch_fp8_weight_first(
-    x, q, scale, bias, y, block_n: int, block_k: int, stages: int, num_warps: int = 4
-) -> None:
-    """y[M, N] = (x[M, K] @ q[N, K].T) * scale (+ bias), the weight tile as the left operand."""
-    rows, k = x.shape
-    n = q.shape[0]
-    _fp8_weight_first_kernel[(triton.cdiv(n, block_n),)](
-        x, q, scale, bias if bias is not None else y, y, rows, n, k,
-        x.stride(0), q.stride(0), y.stride(0),
-        IEEE=x.dtype == torch.float32, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
-        BLOCK_M=_block_m(rows), BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=num_warps, num_stages=stages,
-    )  # fmt: skip
-
-
 @decode_linear.register_fake
-def _(x, weight, bias, fp8_weight=None, fp8_scale=None) -> torch.Tensor:
+def _(x, weight, bias, fp8_weight=None, fp8_scale=None, triton_bf16=True) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], weight.shape[0])

@@ -79,3 +79,11 @@ def test_rounding_in_place_is_idempotent_and_keeps_the_storage() -> None:
     once = weight.clone()
     round_to_fp8_(weight, q, scale)  # a sync that resends the same weights changes nothing
     assert torch.equal(weight, once)
+
+
+def test_fp8_is_read_only_where_it_paid_on_the_gpu() -> None:
+    from rollout.kernels.triton_linear import fp8_pays
+
+    assert fp8_pays(1, 24576) and fp8_pays(16, 151936)
+    assert not fp8_pays(1, 6144)  # q/k/v: no faster than bf16
+    assert not fp8_pays(32, 24576) and not fp8_pays(0, 24576)

@@ -199,11 +199,14 @@ def fp8_read_bytes_saved(model: nn.Module) -> tuple[int, int]:
     return dense, expert
 
 
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias, fp8) -> torch.Tensor:
-    """x @ weight.T (+ bias), reading the FP8 form at decode's few rows on CUDA (`weight` holds
-    the same values, and serves prefill's many rows through cuBLAS)."""
+def fp8_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias, fp8, triton_bf16: bool = False
+) -> torch.Tensor:
+    """x @ weight.T (+ bias), reading the FP8 form on CUDA where that pays
+    (`triton_linear.fp8_pays`: wide outputs at a few rows); elsewhere `weight`, which holds the
+    same values: by our bf16 decode GEMM with `triton_bf16`, else cuBLAS (and prefill's rows)."""
     if x.is_cuda:
-        return torch.ops.rollout.decode_linear(x, weight, bias, *fp8)
+        return torch.ops.rollout.decode_linear(x, weight, bias, *fp8, triton_bf16)
     return F.linear(x, weight, bias)
 
 

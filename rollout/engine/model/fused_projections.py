@@ -113,14 +113,15 @@ def _layers_or_none(model: nn.Module) -> list[nn.Module]:
 def _project(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     fp8 = getattr(linear, "_fp8", None)  # fp8_weights.py
     if fp8 is not None:
-        return fp8_linear(x, linear.weight, linear.bias, fp8)
+        triton_bf16 = getattr(linear, "_decode_linear", False)
+        return fp8_linear(x, linear.weight, linear.bias, fp8, triton_bf16)
     if getattr(linear, "_decode_linear", False):
         return torch.ops.rollout.decode_linear(x, linear.weight, linear.bias)
     return linear(x)
 
 
 def _fused_linear(x, weight, bias, fp8) -> torch.Tensor:
-    """The fused GEMM: cuBLAS, or with FP8 weights our GEMM at decode's rows."""
+    """The fused GEMM: cuBLAS, or with FP8 weights our FP8 GEMM where it pays."""
     if fp8 is None:
         return F.linear(x, weight, bias)
     return fp8_linear(x, weight, bias, fp8)
