@@ -34,11 +34,13 @@ ON_GPU = dict(
 @pytest.fixture(autouse=True)
 def every_decode_gemm_reads_fp8(monkeypatch):
     """The engine reads FP8 only where it pays (wide outputs, few rows: none in these tiny
-    models); here every decode GEMM does, the most demanding case for exactness."""
-    from rollout.kernels import triton_linear
+    models; experts from 8 tokens a step); here every decode GEMM and experts launch does, the
+    most demanding case for exactness."""
+    from rollout.kernels import triton_linear, triton_moe
 
     monkeypatch.setattr(triton_linear, "FP8_MIN_COLUMNS", 0)
     monkeypatch.setattr(triton_linear, "FP8_MAX_ROWS", triton_linear.MAX_ROWS)
+    monkeypatch.setattr(triton_moe, "FP8_EXPERTS_MIN_TOKENS", 0)
 
 
 def _count_fp8_launches(monkeypatch) -> list[int]:
@@ -133,7 +135,7 @@ def test_speculation_with_fp8_weights_emits_the_plain_tokens() -> None:
 
 
 @pytest.mark.parametrize("tokens", [1, 32, 2000])
-def test_fp8_experts_kernel_equals_its_twin(tokens: int) -> None:
+def test_fp8_experts_kernel_equals_its_twin(tokens: int, monkeypatch) -> None:
     from rollout.kernels.triton_moe import fused_experts
 
     g = torch.Generator(device="cuda").manual_seed(tokens)
@@ -149,6 +151,13 @@ def test_fp8_experts_kernel_equals_its_twin(tokens: int) -> None:
     rounded = [(q.float() * s[..., None]).bfloat16() for q, s in ((gq, gs), (dq, ds))]
     want = fused_experts_reference(x, index, weights, *rounded)
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    # the engine's entry point: FP8 from FP8_EXPERTS_MIN_TOKENS tokens, bf16 below, same values
+    from rollout.kernels import triton_moe
+
+    for threshold in (0, tokens + 1):
+        monkeypatch.setattr(triton_moe, "FP8_EXPERTS_MIN_TOKENS", threshold)
+        chosen = triton_moe.fused_experts_fp8(x, index, weights, *rounded, gq, gs, dq, ds)
+        torch.testing.assert_close(chosen, want, rtol=2e-2, atol=2e-2)
 
 
 def test_fp32_fp8_decode_gemm_is_the_rounded_gemm() -> None:

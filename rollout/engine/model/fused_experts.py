@@ -31,14 +31,14 @@ def fused_experts_forward(
     top_k_index: torch.Tensor,  # [num_tokens, k]
     top_k_weights: torch.Tensor,  # [num_tokens, k]
 ) -> torch.Tensor:
-    from rollout.kernels.triton_moe import fused_experts
+    from rollout.kernels.triton_moe import fused_experts, fused_experts_fp8
 
     fp8_gate_up = getattr(module, "_fp8_gate_up_proj", None)  # fp8_weights.py
     if fp8_gate_up is not None:
-        (gate_up, gate_up_scale), (down, down_scale) = fp8_gate_up, module._fp8_down_proj
-        return fused_experts(
-            hidden_states, top_k_index, top_k_weights, gate_up, down, gate_up_scale, down_scale
-        )
+        return fused_experts_fp8(
+            hidden_states, top_k_index, top_k_weights, module.gate_up_proj, module.down_proj,
+            *fp8_gate_up, *module._fp8_down_proj,
+        )  # fmt: skip
     return fused_experts(
         hidden_states, top_k_index, top_k_weights, module.gate_up_proj, module.down_proj
     )
