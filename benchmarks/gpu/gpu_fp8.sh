@@ -19,7 +19,7 @@ run() {  # run NAME SECONDS ARGS...: one benchmark, its log, the lines that matt
   shift 2
   timeout "$seconds" python3 "$@" > "$OUT_DIR/$name.log" 2>&1
   echo "$name: rc=$?"
-  grep -E "^\[(bench|mismatch)\]   |^\[bench\]     |^\[mismatch\]|^\||^  |Error" \
+  grep -E "^\[(bench|mismatch)\]   |^\[bench\]     |^\[(mismatch|moe)\]|^\||^  |Error" \
     "$OUT_DIR/$name.log" | grep -v "\.\.\. " | tail -${LINES_SHOWN:-14}
 }
 both() {  # both NAME SECONDS ARGS...: bf16 weights, then FP8

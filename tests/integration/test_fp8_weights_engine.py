@@ -138,3 +138,20 @@ def test_a_later_engine_without_fp8_drops_the_copies_and_the_roofline_counts_the
     prompts = random_prompts((6, 11), seed=8)
     results = engine.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0))
     assert [r.token_ids for r in results] == [hf_greedy(new, p, MAX_NEW) for p in prompts]
+
+
+@pytest.mark.parametrize("family", ["phimoe", "mixtral", "qwen2_moe"])
+def test_routers_and_linear_subclasses_stay_unrounded(family: str) -> None:
+    """Routers (a `gate` linear, a `router` that subclasses nn.Linear, a shared-expert gate) keep
+    their weights; the experts and projections are rounded."""
+    from tests import model_zoo
+
+    model = model_zoo.tiny_model(family)
+    engine = engine_for(model, SETTINGS)
+    before = dict(model.named_parameters())
+    changed = {n for n, p in engine.model.named_parameters() if not torch.equal(p, before[n])}
+    routers = [
+        n for n in before if n.endswith(("mlp.gate.weight", "router.weight", "expert_gate.weight"))
+    ]
+    assert routers and not changed & set(routers)
+    assert any("experts" in n for n in changed) and any("q_proj" in n for n in changed)

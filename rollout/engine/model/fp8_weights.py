@@ -8,10 +8,11 @@ stands for. The engine's model *is* then the FP8 model: a decode step reads the 
 rounded weight, and both compute the same thing, up to summation order. transformers' own forward
 over the same module is the exactness oracle.
 
-Quantized: every linear projection of the decoder layers (the fused q/k/v and gate/up as one
-tensor each, which per-row scales allow) and the MoE experts' 3-D weights. Kept as they are: the
-embeddings, norms, the LM head, and the routers (linears named `gate` or `*_gate`; the softmax
-routers are not linears), whose top-k is sensitive to small changes.
+Quantized: every linear projection of the decoder layers (plain `nn.Linear` modules; the fused
+q/k/v and gate/up as one tensor each, which per-row scales allow) and the MoE experts' 3-D
+weights. Kept as they are: the embeddings, norms, the LM head, the routers (named `gate`,
+`router`, `*_gate`), whose top-k is sensitive to small changes, and any subclass of `nn.Linear`,
+whose forward is its own.
 
 Weight sync writes the bf16 values into the same parameters as without FP8; `round_all` then
 quantizes every tensor again in place on the device (LLMEngine.update_weights calls it after each
@@ -72,9 +73,10 @@ class Fp8Weights:
 
 
 def is_router(name: str) -> bool:
-    """Routers stay unquantized: `gate` (Mixtral, OLMoE), `shared_expert_gate` (Qwen2-MoE)."""
+    """Routers stay unquantized: `gate` (Mixtral, OLMoE), `shared_expert_gate` (Qwen2-MoE),
+    `router`."""
     leaf = name.rsplit(".", 1)[-1]
-    return leaf == "gate" or leaf.endswith("_gate")
+    return leaf in ("gate", "router") or leaf.endswith(("_gate", "_router"))
 
 
 def quantized_tensors(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
@@ -108,7 +110,7 @@ def quantized_tensors(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
                     if isinstance(tensor, torch.Tensor) and tensor.dim() == 3:
                         found.append((f"{prefix}.{attribute}", module, attribute))
             elif (
-                isinstance(module, nn.Linear)
+                type(module) is nn.Linear  # a subclass (a router, say) runs a forward of its own
                 and id(module) not in fused_members
                 and module is not head
                 and not is_router(name)
