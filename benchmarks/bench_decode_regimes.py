@@ -75,7 +75,11 @@ def measure_point(
     verification steps of that many drafts a sequence."""
     import torch
 
-    from benchmarks.lib.roofline import H200_COPY_BANDWIDTH, engine_step_floor, kv_bytes_per_token
+    from benchmarks.lib.roofline import (
+        H200_COPY_BANDWIDTH,
+        engine_kv_bytes_per_token,
+        engine_step_floor,
+    )
     from rollout import SamplingParams
 
     cuda = engine.device.type == "cuda"
@@ -109,7 +113,7 @@ def measure_point(
     wall_ms = 1e3 * (time.perf_counter() - start) / steps
     result = {"batch": batch, "context": context, "ms_per_step": wall_ms}
 
-    kv_per_token = kv_bytes_per_token(model.config, engine.dtype.itemsize)
+    kv_per_token = engine_kv_bytes_per_token(engine)
     # The measured steps' mean context, to within the prefill's stagger.
     mean_context = context + WARM_STEPS + steps // 2
     floor, _ = engine_step_floor(model, engine, mean_context, [1] * batch)

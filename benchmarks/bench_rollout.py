@@ -56,8 +56,8 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
     import torch
 
     from benchmarks.lib.roofline import (
+        engine_kv_bytes_per_token,
         engine_step_floor,
-        kv_bytes_per_token,
         roofline_tokens_per_s,
         weight_bytes_per_step,
         weight_split,
@@ -94,7 +94,7 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
     step_ends = clock.step_ends
     steps = len(step_ends)
     weights = weight_bytes_per_step(model)
-    kv_per_token = kv_bytes_per_token(model.config, engine.dtype.itemsize)
+    kv_per_token = engine_kv_bytes_per_token(engine)
     roofline = roofline_tokens_per_s(
         weights,
         kv_per_token,

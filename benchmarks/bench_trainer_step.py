@@ -153,7 +153,7 @@ def run(config, out: Path, fsdp: bool = False) -> dict:
         get_reward_functions(list(config.rewards)), worker, NoWeightSync(), args,
         peft_config=peft_config_for(lora) if lora is not None else None,
     )  # fmt: skip
-    trainer.off_policy = (config.trainer.off_policy_correction, config.trainer.off_policy_cap)
+    trainer.off_policy = (config.off_policy_correction, config.trainer.off_policy_cap)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()

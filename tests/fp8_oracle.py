@@ -27,3 +27,32 @@ def rounded_copy(model: torch.nn.Module) -> torch.nn.Module:
             if expected_rounded(name):
                 param.copy_(dequantize_rows(*quantize_rows(param), param.dtype))
     return rounded
+
+
+FP8_KV_ATTENTION = "fp8_kv_sdpa"
+
+
+def with_fp8_kv_attention(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` whose attention sees its keys and values rounded as the FP8 KV cache
+    stores them (e4m3, a power-of-two scale per token and head), then runs transformers' SDPA:
+    what an engine with kv_cache_dtype="fp8" computes."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import sdpa_mask
+
+    from rollout.kernels.torch_fp8 import quantize_kv
+
+    def rounded(x: torch.Tensor) -> torch.Tensor:  # [batch, kv_heads, tokens, head_dim]
+        q, scale = quantize_kv(x)
+        return dequantize_rows(q, scale, x.dtype)
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        return sdpa_attention_forward(
+            module, query, rounded(key), rounded(value), attention_mask, **kwargs
+        )
+
+    AttentionInterface.register(FP8_KV_ATTENTION, attention)
+    AttentionMaskInterface.register(FP8_KV_ATTENTION, sdpa_mask)
+    copied = copy.deepcopy(model)
+    copied.set_attn_implementation(FP8_KV_ATTENTION)
+    return copied

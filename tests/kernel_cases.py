@@ -58,3 +58,13 @@ def make_case(
         seq_lens_host=list(seq_lens),
         scale=head_dim**-0.5,
     )
+
+
+def with_fp8_cache(case: dict) -> dict:
+    """The same case with its caches in FP8: e4m3 rows and a power-of-two scale per (token,
+    head), as the engine's FP8 KV write stores them; the scales under "kv_scales"."""
+    from rollout.kernels.torch_fp8 import quantize_kv
+
+    k_cache, k_scale = quantize_kv(case["k_cache"])
+    v_cache, v_scale = quantize_kv(case["v_cache"])
+    return {**case, "k_cache": k_cache, "v_cache": v_cache, "kv_scales": (k_scale, v_scale)}

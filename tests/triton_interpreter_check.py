@@ -13,7 +13,7 @@ import triton.runtime.interpreter as interpreter
 from rollout.kernels import torch_moe, triton_linear, triton_moe, triton_routing
 from rollout.kernels import torch_paged_attention as twin
 from rollout.kernels import triton_paged_attention as kernels
-from tests.kernel_cases import make_case
+from tests.kernel_cases import make_case, with_fp8_cache
 from tests.triton_launches import record_launches
 
 # triton 3.6's interpreter turns its 1-element scalar arrays into Python ints with int(array),
@@ -174,6 +174,69 @@ def check_write_kv() -> float:
     return max(
         (caches[0] - caches[2]).abs().max().item(), (caches[1] - caches[3]).abs().max().item()
     )
+
+
+def check_fp8_kv() -> float:
+    """An FP8 cache: the KV write stores the twin's very bytes and scales (a zero row, rows of
+    very different sizes, a skipped slot); decode (several splits, a window) and extend read it
+    as the twin does."""
+    from rollout.kernels.torch_fp8 import FP8_DTYPE
+
+    g = torch.Generator().manual_seed(0)
+    key = torch.randn(6, 2, 64, generator=g) * torch.logspace(-4, 3, 6)[:, None, None]
+    value = torch.randn(6, 2, 64, generator=g) * 7
+    key[2, 1] = 0.0
+    slots = torch.tensor([3, -1, 17, 40, 0, 63], dtype=torch.int32)
+    caches = [torch.zeros(4, 16, 2, 64, dtype=FP8_DTYPE) for _ in range(4)]
+    scales = [torch.ones(4, 16, 2) for _ in range(4)]
+    kernels.write_kv(key, value, caches[0], caches[1], slots, scales[0], scales[1])
+    twin.write_kv(key, value, caches[2], caches[3], slots, scales[2], scales[3])
+    for a, b in ((0, 2), (1, 3)):
+        if not torch.equal(caches[a].view(torch.uint8), caches[b].view(torch.uint8)):
+            return float("inf")
+        if not torch.equal(scales[a], scales[b]):
+            return float("inf")
+    # Every e4m3 value, the midpoints between neighbours (ties to even) and a little either side,
+    # both signs, in rows whose largest value is 448 (scale 1): the bytes of torch's cast.
+    codes = torch.arange(0, 127, dtype=torch.uint8).view(FP8_DTYPE).float()  # 0 .. 448
+    mids = (codes[1:] + codes[:-1]) / 2
+    values = torch.cat([codes, mids, mids * (1 + 2**-12), mids * (1 - 2**-12)])
+    values = torch.cat([values, -values])
+    rows = -(-values.numel() // 63)
+    table = torch.zeros(rows * 63)
+    table[: values.numel()] = values
+    table = torch.cat([torch.full((rows, 1), 448.0), table.view(rows, 63)], dim=1)[:, None, :]
+    slots = torch.arange(rows, dtype=torch.int32)
+    fp8 = [torch.zeros(rows, 1, 1, 64, dtype=FP8_DTYPE) for _ in range(2)]
+    ones = [torch.ones(rows, 1, 1) for _ in range(2)]
+    kernels.write_kv(table, table, fp8[0], fp8[1], slots, ones[0], ones[1])
+    if not torch.equal(
+        fp8[0].view(torch.uint8).flatten(), table.to(FP8_DTYPE).view(torch.uint8).flatten()
+    ):
+        return float("inf")
+    worst = 0.0
+    decode = with_fp8_cache(
+        make_case([1, 17, 600, 1000, 513], [1] * 5, 2, 4, 64, 16, torch.float32, "cpu")
+    )
+    extend = with_fp8_cache(
+        make_case([70, 5, 130, 300], [70, 1, 65, 1], 2, 4, 64, 16, torch.float32, "cpu")
+    )
+    for variant in ({}, dict(window=300)):
+        fp8 = dict(variant, kv_scales=decode["kv_scales"])
+        got = kernels.decode_attention(
+            decode["query"], decode["k_cache"], decode["v_cache"], decode["block_tables"],
+            decode["seq_lens"], decode["scale"], 1024,
+            kernels.DecodeTiles(split_len=256, block_n=64), **fp8,
+        )  # fmt: skip
+        worst = max(worst, _error(got, _reference(decode, **fp8)))
+        fp8 = dict(variant, kv_scales=extend["kv_scales"])
+        got = kernels.extend_attention(
+            extend["query"], extend["k_cache"], extend["v_cache"], extend["block_tables"],
+            extend["query_start_loc"], extend["seq_lens"], extend["q_block_seq"],
+            extend["q_block_start"], extend["scale"], **fp8,
+        )  # fmt: skip
+        worst = max(worst, _error(got, _reference(extend, **fp8)))
+    return worst
 
 
 def check_decode_linear() -> float:
@@ -343,6 +406,7 @@ if __name__ == "__main__":
         ("window/softcap/sinks", check_variants),
         ("verification rows in the decode kernel", check_verification),
         ("write_kv", check_write_kv),
+        ("FP8 KV cache: write, decode, extend", check_fp8_kv),
         ("decode_linear", check_decode_linear),
         ("fp8_linear", check_fp8_linear),
         ("fused_experts", check_fused_experts),

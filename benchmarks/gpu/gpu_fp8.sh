@@ -8,6 +8,7 @@
 #   tail     a tail-only grpo mix (2 prompts x 4 samples, up to 4,096 tokens), bf16 then FP8
 #   moe      one MoE layer's experts (Qwen3-30B-A3B), bf16 and FP8 weights
 #   drift    FP8 rollouts against the bf16 trainer (bench_mismatch.py), dense and MoE
+#   grpo-kv  the grpo workload on the Qwen3-8B shape: bf16, then FP8 weights and FP8 KV cache
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out); ROLLOUT_COMMIT=<sha> names the commit.
 set -o pipefail
@@ -22,12 +23,14 @@ run() {  # run NAME SECONDS ARGS...: one benchmark, its log, the lines that matt
   grep -E "^\[(bench|mismatch)\]   |^\[bench\]     |^\[(mismatch|moe)\]|^\||^  |Error" \
     "$OUT_DIR/$name.log" | grep -v "\.\.\. " | tail -${LINES_SHOWN:-14}
 }
-both() {  # both NAME SECONDS ARGS...: bf16 weights, then FP8
+both() {  # both NAME SECONDS ARGS...: bf16 weights, then FP8 (and $FP8_EXTRA, e.g. the KV)
   local name=$1 seconds=$2
   shift 2
   for q in none fp8; do
+    local extra=()
+    [ "$q" = fp8 ] && [ -n "${FP8_EXTRA:-}" ] && extra=(--engine "$FP8_EXTRA")
     run "${name}_$q" "$seconds" benchmarks/bench_rollout.py "$@" --modes overlap \
-      --engine weight_quantization=$q --json-out "$OUT_DIR/${name}_$q.json"
+      --engine weight_quantization=$q "${extra[@]}" --json-out "$OUT_DIR/${name}_$q.json"
   done
 }
 for part in "$@"; do
@@ -42,6 +45,7 @@ for part in "$@"; do
       done ;;
     w1) both w1_qwen3-8b 150 --workload qwen3-8b-w1 ;;
     grpo) both grpo_qwen3-8b 240 --workload grpo ;;
+    grpo-kv) FP8_EXTRA=kv_cache_dtype=fp8 both grpo_kv_qwen3-8b 240 --workload grpo ;;
     tail) both grpo_tail 120 --workload grpo --prompts 2 --group-size 4 --length-max 4096 ;;
     moe) run moe_experts 90 benchmarks/bench_moe.py --tokens ${MOE_TOKENS:-1,8,32,128} \
       --json-out "$OUT_DIR/moe_experts.json" ;;

@@ -43,13 +43,11 @@ def weight_bytes_per_step(model) -> int:
     return total if tied else total - embedding.numel() * embedding.element_size()
 
 
-def kv_bytes_per_token(model_config, element_size: int) -> int:
-    text = (
-        model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-    )
-    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    return 2 * text.num_hidden_layers * heads * head_dim * element_size
+def engine_kv_bytes_per_token(engine) -> int:
+    """Bytes of K and V one token takes in `engine`'s cache, all layers (an FP8 cache's scales
+    included): what a decode step reads per context token."""
+    runner = engine.debug_internals().runner
+    return runner.shape.bytes_per_block(1, runner.kv_caches[0].k.dtype)
 
 
 def roofline_tokens_per_s(
@@ -203,7 +201,7 @@ def engine_step_floor(
     split = weight_split(model)
     from rollout.engine.model.capabilities import layer_windows
 
-    kv_per_token = kv_bytes_per_token(model.config, engine.dtype.itemsize)
+    kv_per_token = engine_kv_bytes_per_token(engine)
     return per_step_floor(
         prompt_lens,
         output_lens,

@@ -10,6 +10,7 @@ _ATTENTION_BACKENDS = ("auto", "torch", "triton")
 _LOAD_FORMATS = ("auto", "dummy")
 _SPECULATIVE = ("none", "ngram")
 _WEIGHT_QUANTIZATIONS = ("none", "fp8")
+_KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,12 @@ class EngineConfig:
     weight update is rounded again on the device. Costs half the quantized weights' bytes more
     memory (the bf16 values stay, for prefill and weight sync). A trainer should correct for the
     rounding (the GRPO job turns its off-policy correction on)."""
+    kv_cache_dtype: str = "auto"
+    """"auto": the model's dtype; "fp8": keys and values stored as e4m3 with a power-of-two scale
+    per token and KV head, written by the attention's KV write and widened by its reads, so the
+    same memory holds 1.9x the tokens (head_dim 128) and a decode step reads about half the KV
+    bytes. The engine serves exactly the model whose attention sees those rounded keys and values
+    (a trainer should correct for it, as for FP8 weights)."""
     seed: int = 0
     """Seeds the sampler for requests that bring no seed of their own."""
     cpu_kv_cache_gib: float = 2.0
@@ -113,6 +120,7 @@ class EngineConfig:
         _check_choice("load_format", self.load_format, _LOAD_FORMATS)
         _check_choice("speculative", self.speculative, _SPECULATIVE)
         _check_choice("weight_quantization", self.weight_quantization, _WEIGHT_QUANTIZATIONS)
+        _check_choice("kv_cache_dtype", self.kv_cache_dtype, _KV_CACHE_DTYPES)
         for name in ("num_speculative_tokens", "speculative_max_seqs"):
             _check_positive_int(name, getattr(self, name))
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):

@@ -12,7 +12,7 @@ import torch
 
 from rollout.engine.config import EngineConfig
 from rollout.engine.execution.device_timing import DeviceTiming
-from rollout.engine.execution.kv_cache import KVCacheShape, decide_num_blocks
+from rollout.engine.execution.kv_cache import KVCacheShape, decide_num_blocks, kv_dtype
 from rollout.engine.execution.model_runner import ModelRunner
 from rollout.engine.forward_check import check_forward
 from rollout.engine.model.capabilities import check_config
@@ -91,7 +91,7 @@ class LLMEngine:
         shape = KVCacheShape.from_model_config(model.config)
         pending = fp8_bytes_needed(model) if config.weight_quantization == "fp8" else 0
         self.num_kv_blocks = decide_num_blocks(
-            config, shape, dtype, device, self.vocab_size, pending
+            config, shape, kv_dtype(config, dtype), device, self.vocab_size, pending
         )
         self._runner = ModelRunner(
             model, config, device, dtype, self.num_kv_blocks, self.vocab_size

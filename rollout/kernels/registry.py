@@ -20,7 +20,12 @@ class AttentionBackend(Protocol):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
-    ) -> None: ...
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
+    ) -> None:
+        """Keys and values into their slots; with an FP8 cache (the scales given), each
+        (token, head) row in e4m3 with its power-of-two scale (`torch_fp8.quantize_kv`)."""
+        ...
 
     def attend(
         self,
@@ -32,9 +37,11 @@ class AttentionBackend(Protocol):
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Attention over the paged cache: causal, within the last `window` positions when set,
-        logits capped at `softcap`, and per-head `sinks` [num_heads] in the denominator."""
+        logits capped at `softcap`, and per-head `sinks` [num_heads] in the denominator; an FP8
+        cache's keys and values widened by their `kv_scales` (k_scale, v_scale)."""
         ...
 
 
@@ -43,12 +50,15 @@ class TorchBackend:
 
     name = "torch"
 
-    def write_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
-        torch_paged_attention.write_kv(key, value, k_cache, v_cache, slot_mapping)
+    def write_kv(
+        self, key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None
+    ) -> None:
+        torch_paged_attention.write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
     def attend(
-        self, query, k_cache, v_cache, meta, scale, window=None, softcap=None, sinks=None
-    ) -> torch.Tensor:
+        self, query, k_cache, v_cache, meta, scale, window=None, softcap=None, sinks=None,
+        kv_scales=None,
+    ) -> torch.Tensor:  # fmt: skip
         return torch_paged_attention.paged_attention(
             query,
             k_cache,
@@ -60,6 +70,7 @@ class TorchBackend:
             window=window,
             softcap=softcap,
             sinks=sinks,
+            kv_scales=kv_scales,
         )
 
 
@@ -79,13 +90,16 @@ class TritonBackend:
 
         self._kernels = triton_paged_attention
 
-    def write_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
-        self._kernels.write_kv(key, value, k_cache, v_cache, slot_mapping)
+    def write_kv(
+        self, key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None
+    ) -> None:
+        self._kernels.write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
     def attend(
-        self, query, k_cache, v_cache, meta, scale, window=None, softcap=None, sinks=None
-    ) -> torch.Tensor:
-        variant = dict(window=window, softcap=softcap, sinks=sinks)
+        self, query, k_cache, v_cache, meta, scale, window=None, softcap=None, sinks=None,
+        kv_scales=None,
+    ) -> torch.Tensor:  # fmt: skip
+        variant = dict(window=window, softcap=softcap, sinks=sinks, kv_scales=kv_scales)
         query_len = meta.uniform_query_len
         group = query.shape[1] // k_cache.shape[2]
         # The decode kernel holds every query row of a KV head in one program: one token per

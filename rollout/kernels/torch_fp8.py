@@ -23,13 +23,21 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
 
 
+def pow2_scales(amax: torch.Tensor) -> torch.Tensor:
+    """The smallest power of two s with amax / s <= 448, per element (1 where amax is 0), from the
+    float's bits alone (no division or log: the Triton KV write computes the very same): with
+    amax = m x 2^E, m in [1, 2), and 448 = 1.75 x 2^8, s = 2^(E - 8) when m <= 1.75, else 2^(E - 7)."""
+    bits = amax.float().contiguous().view(torch.int32)
+    exponent = ((bits >> 23) & 0xFF) - 127
+    mantissa = bits & 0x7FFFFF
+    k = exponent - 8 + (mantissa > 0x600000).int()
+    scale = ((k.clamp(min=-126) + 127) << 23).view(torch.float32)
+    return torch.where(amax > 0, scale, torch.ones_like(scale))
+
+
 def row_scales(weight: torch.Tensor) -> torch.Tensor:
     """The power-of-two scale of each output row (fp32, weight's shape without its last dim)."""
-    need = weight.detach().abs().amax(dim=-1).float() / FP8_MAX
-    mantissa, exponent = torch.frexp(need)  # need = mantissa * 2^exponent, mantissa in [0.5, 1)
-    exponent = exponent - (mantissa == 0.5).int()  # an exact power of two is its own scale
-    scale = torch.ldexp(torch.ones_like(need), exponent)
-    return torch.where(need > 0, scale, torch.ones_like(need))
+    return pow2_scales(weight.detach().abs().amax(dim=-1).float())
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,6 +45,23 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = row_scales(weight)
     q = (weight.detach().float() / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q, scale
+
+
+def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys or values [..., head_dim] in e4m3 with a power-of-two scale per (token, head): what
+    the FP8 KV cache stores (the scale from `pow2_scales`, the rows multiplied by its exact
+    inverse), and its twin's oracle."""
+    scale = pow2_scales(x.detach().abs().amax(dim=-1).float())
+    inverse = pow2_inverse(scale)
+    q = (x.float() * inverse[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q, scale
+
+
+def pow2_inverse(scale: torch.Tensor) -> torch.Tensor:
+    """1 / scale for powers of two, exactly (a multiply by it is exact where a divide need not be
+    in a kernel)."""
+    bits = scale.view(torch.int32)
+    return ((254 << 23) - bits).view(torch.float32)
 
 
 def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

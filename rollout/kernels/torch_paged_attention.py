@@ -3,7 +3,9 @@
 Cache layout (one layer): k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim].
 A step's tokens are packed: sequence s owns query rows [query_start_loc[s], query_start_loc[s + 1])
 and, after this step's KV write, has seq_lens[s] tokens of context in the blocks block_tables[s].
-Its queries are the last tokens of that context (causal mask aligned bottom-right).
+Its queries are the last tokens of that context (causal mask aligned bottom-right). An FP8 cache
+holds e4m3 rows with a power-of-two scale per (token, KV head) beside them (`quantize_kv`); reads
+widen them to fp32 first.
 
 Three per-layer variants, as transformers' own attention computes them:
 - `window`: a sliding window; a query at position p sees positions p - window + 1 .. p.
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from rollout.kernels.torch_fp8 import quantize_kv
+
 
 def write_kv(
     key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
@@ -23,12 +27,27 @@ def write_kv(
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [num_tokens] int64; slot = block * block_size + offset; < 0: skip
+    k_scale: torch.Tensor | None = None,  # FP8 cache: [num_blocks, block_size, num_kv_heads]
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     num_slots = k_cache.shape[0] * k_cache.shape[1]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
-    k_cache.view(num_slots, *k_cache.shape[2:])[slots] = key[keep].to(k_cache.dtype)
-    v_cache.view(num_slots, *v_cache.shape[2:])[slots] = value[keep].to(v_cache.dtype)
+    for x, cache, scale in ((key, k_cache, k_scale), (value, v_cache, v_scale)):
+        rows = x[keep]
+        if scale is not None:
+            rows, scales = quantize_kv(rows)
+            scale.view(num_slots, scale.shape[2])[slots] = scales
+        cache.view(num_slots, *cache.shape[2:])[slots] = rows.to(cache.dtype)
+
+
+def _pages(cache, scale, pages) -> torch.Tensor:
+    """The cache's `pages` [..., P] as fp32 [..., P x block_size, num_kv_heads, head_dim],
+    an FP8 cache's widened by its scales."""
+    rows = cache[pages].float()
+    if scale is not None:
+        rows = rows * scale[pages][..., None]
+    return rows.flatten(-4, -3)
 
 
 def paged_attention(
@@ -42,12 +61,15 @@ def paged_attention(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,  # [num_heads]
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,  # an FP8 cache's
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Gather each sequence's pages and attend in fp32 with an explicit bottom-right causal mask."""
+    k_scale, v_scale = kv_scales if kv_scales is not None else (None, None)
     if len(seq_lens) > 1 and list(query_start_loc) == list(range(len(seq_lens) + 1)):
         return _decode_batched(
-            query, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap, sinks
-        )
+            query, (k_cache, k_scale), (v_cache, v_scale), block_tables, seq_lens, scale,
+            window, softcap, sinks,
+        )  # fmt: skip
     num_heads = query.shape[1]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -59,10 +81,10 @@ def paged_attention(
             continue
         num_pages = -(-seq_len // block_size)
         pages = block_tables[s, :num_pages].long()
-        k = k_cache[pages].reshape(-1, num_kv_heads, k_cache.shape[3])[:seq_len]  # [L, Hkv, D]
-        v = v_cache[pages].reshape(-1, num_kv_heads, v_cache.shape[3])[:seq_len]
-        k = k.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [H, L, D]
-        v = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
+        k = _pages(k_cache, k_scale, pages)[:seq_len]  # [L, Hkv, D]
+        v = _pages(v_cache, v_scale, pages)[:seq_len]
+        k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # [H, L, D]
+        v = v.repeat_interleave(group, dim=1).transpose(0, 1)
         q = query[q_start:q_end].float().transpose(0, 1)  # [H, Q, D]
         scores = _capped(torch.matmul(q, k.transpose(1, 2)) * scale, softcap)  # [H, Q, L]
         # Query i sits at absolute position seq_len - num_queries + i and sees keys up to it.
@@ -91,17 +113,18 @@ def _softmax(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
 
 
 def _decode_batched(
-    query, k_cache, v_cache, block_tables, seq_lens: list[int], scale: float, window, softcap, sinks
+    query, keys, values, block_tables, seq_lens: list[int], scale: float, window, softcap, sinks
 ):
     """One query per sequence: gather all pages at once and attend with a length mask (the CPU
-    decode path; a per-sequence loop costs a few ops per sequence and layer)."""
+    decode path; a per-sequence loop costs a few ops per sequence and layer). `keys`, `values`:
+    (cache, an FP8 cache's scales or None)."""
     num_seqs, num_heads, head_dim = query.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    block_size, num_kv_heads = keys[0].shape[1], keys[0].shape[2]
     group = num_heads // num_kv_heads
     max_pages = -(-max(seq_lens) // block_size)
     pages = block_tables[:, :max_pages].long()  # [S, P]
-    k = k_cache[pages].reshape(num_seqs, -1, num_kv_heads, head_dim).float()  # [S, L, Hkv, D]
-    v = v_cache[pages].reshape(num_seqs, -1, num_kv_heads, head_dim).float()
+    k = _pages(*keys, pages)  # [S, L, Hkv, D]
+    v = _pages(*values, pages)
     q = query.float().view(num_seqs, num_kv_heads, group, head_dim)
     scores = _capped(torch.einsum("skgd,slkd->skgl", q, k) * scale, softcap)  # [S, Hkv, G, L]
     lengths = torch.tensor(seq_lens, device=query.device)

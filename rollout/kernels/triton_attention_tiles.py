@@ -18,16 +18,73 @@ def dot_precision(query: torch.Tensor) -> str:
 def load_kv_tile(
     k_cache_ptr, v_cache_ptr, block_table_ptr, offs, n_mask, d, d_mask, kv_head,
     stride_cblock, stride_cslot, stride_chead, PAGE: tl.constexpr,
+    k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, like_ptr, FP8_KV: tl.constexpr,
 ):  # fmt: skip
     """K and V at context positions `offs` of the sequence whose block-table row starts at
-    `block_table_ptr`: [len(offs), BLOCK_D] each, zeros where `n_mask` or `d_mask` is off."""
+    `block_table_ptr`: [len(offs), BLOCK_D] each, zeros where `n_mask` or `d_mask` is off. An FP8
+    cache's rows are widened by their (token, head) scales into `like_ptr`'s dtype (exactly:
+    the scales are powers of two)."""
     page = tl.load(block_table_ptr + offs // PAGE, mask=n_mask, other=0)
     # int64: block x stride passes int32 in caches of over 2^31 elements.
     row = page.to(tl.int64) * stride_cblock + (offs % PAGE) * stride_cslot + kv_head * stride_chead
     kv_mask = n_mask[:, None] & d_mask[None, :]
     k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
     v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    if FP8_KV:
+        scale_row = page.to(tl.int64) * stride_sblock + (offs % PAGE) * stride_sslot + kv_head
+        k_scale = tl.load(k_scale_ptr + scale_row, mask=n_mask, other=0.0)
+        v_scale = tl.load(v_scale_ptr + scale_row, mask=n_mask, other=0.0)
+        k = (k.to(tl.float32) * k_scale[:, None]).to(like_ptr.dtype.element_ty)
+        v = (v.to(tl.float32) * v_scale[:, None]).to(like_ptr.dtype.element_ty)
     return k, v
+
+
+@triton.jit
+def pow2_scale(amax):
+    """`torch_fp8.pow2_scales` and its exact inverse, from amax's bits: the smallest power of
+    two s with amax / s <= 448 (1 where amax is 0)."""
+    bits = amax.to(tl.int32, bitcast=True)
+    exponent = ((bits >> 23) & 0xFF) - 127
+    mantissa = bits & 0x7FFFFF
+    k = tl.maximum(exponent - 8 + (mantissa > 0x600000).to(tl.int32), -126)
+    scale = ((k + 127) << 23).to(tl.float32, bitcast=True)
+    scale = tl.where(amax > 0, scale, 1.0)
+    inverse = ((254 << 23) - scale.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+    return scale, inverse
+
+
+@triton.jit
+def e4m3_bits(x):
+    """The e4m3 byte of each fp32 value in [-448, 448], rounded to nearest even, from its bits
+    (as torch's cast and the GPU's cvt.rn round; written out so that every backend, Triton's
+    CPU interpreter included, stores the same bytes)."""
+    bits = x.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    magnitude = bits & 0x7FFFFFFF
+    exponent = (magnitude >> 23) - 127
+    mantissa = magnitude & 0x7FFFFF
+    # Normal (|x| >= 2^-6): keep 3 mantissa bits; a carry out of them raises the exponent.
+    kept = mantissa >> 20
+    rest = mantissa & 0xFFFFF
+    up = (rest > 0x80000) | ((rest == 0x80000) & ((kept & 1) == 1))
+    normal = ((exponent + 7) << 3) + kept + up.to(tl.int32)
+    # Subnormal (|x| < 2^-6): the value in steps of 2^-9, rounded half to even (8 is the
+    # smallest normal's code, so a carry needs nothing more).
+    steps = tl.abs(x) * 512.0
+    whole = tl.floor(steps)
+    half_up = (steps - whole > 0.5) | ((steps - whole == 0.5) & (whole % 2 == 1))
+    subnormal = (whole + half_up.to(tl.float32)).to(tl.int32)
+    code = tl.where(exponent >= -6, normal, subnormal)
+    return (sign | code).to(tl.uint8)
+
+
+def kv_scale_args(k_cache: torch.Tensor, kv_scales) -> tuple:
+    """(k_scale, v_scale, stride_sblock, stride_sslot) for a launch: an FP8 cache's scales, or
+    the cache itself as never-read stand-ins."""
+    if kv_scales is None:
+        return k_cache, k_cache, 0, 0
+    k_scale, v_scale = kv_scales
+    return k_scale, v_scale, k_scale.stride(0), k_scale.stride(1)
 
 
 @triton.jit

@@ -32,6 +32,7 @@ from rollout.kernels.triton_attention_tiles import (
     add_sinks,
     dot_precision,
     fold_tile,
+    kv_scale_args,
     load_kv_tile,
     soft_cap,
 )
@@ -76,6 +77,7 @@ def _decode_kernel(
     scale, window, softcap, splits_wanted, num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cblock, stride_cslot, stride_chead, stride_bt,
+    k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, FP8_KV: tl.constexpr,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
     QUERY_LEN: tl.constexpr, ROWS_PAD: tl.constexpr, MERGE_ROWS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -130,6 +132,7 @@ def _decode_kernel(
         k, v = load_kv_tile(
             k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs, n_mask, d, d_mask,
             kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
+            k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV,
         )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [ROWS_PAD, BLOCK_N]
         if HAS_SOFTCAP:
@@ -248,11 +251,12 @@ def decode_attention(
     softcap=None,
     sinks=None,
     query_len=1,
+    kv_scales=None,
 ):
     """query [num_seqs x query_len, num_heads, head_dim] -> same shape: `query_len` tokens per
     sequence (1: decode), the last positions of its seq_lens context, in order. `tiles`: the
     launch shape, this module's DECODE_TILES when None (read at each call, so a benchmark can
-    swap it)."""
+    swap it). `kv_scales`: an FP8 cache's (k_scale, v_scale)."""
     tiles = tiles or DECODE_TILES
     num_tokens, num_heads, head_dim = query.shape
     num_seqs = seq_lens.shape[0]
@@ -287,6 +291,7 @@ def decode_attention(
         scale, window or 0, softcap or 0.0, splits_wanted, num_splits,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        *kv_scale_args(k_cache, kv_scales), FP8_KV=kv_scales is not None,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, QUERY_LEN=query_len,
         ROWS_PAD=max(16, triton.next_power_of_2(rows)), MERGE_ROWS=merge_rows,
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],

@@ -17,8 +17,11 @@ from rollout.kernels.tiling import EXTEND_BLOCK_M
 from rollout.kernels.triton_attention_tiles import (
     add_sinks,
     dot_precision,
+    e4m3_bits,
     fold_tile,
+    kv_scale_args,
     load_kv_tile,
+    pow2_scale,
     soft_cap,
 )
 from rollout.kernels.triton_decode_attention import (  # noqa: F401 - the backend's surface
@@ -32,9 +35,9 @@ EXTEND_BLOCK_N = 64
 
 @triton.jit
 def _write_kv_kernel(
-    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
-    stride_kt, stride_kh, stride_vt, stride_vh, stride_cslot, stride_chead,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh, stride_cslot, stride_chead, stride_sslot,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, FP8_KV: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0)
     h = tl.program_id(1)
@@ -42,22 +45,36 @@ def _write_kv_kernel(
     if slot >= 0:
         d = tl.arange(0, BLOCK_D)
         mask = d < HEAD_DIM
-        k = tl.load(key_ptr + t * stride_kt + h * stride_kh + d, mask=mask)
-        v = tl.load(value_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
+        k = tl.load(key_ptr + t * stride_kt + h * stride_kh + d, mask=mask, other=0.0)
+        v = tl.load(value_ptr + t * stride_vt + h * stride_vh + d, mask=mask, other=0.0)
         dst = slot * stride_cslot + h * stride_chead + d
-        tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-        tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+        if FP8_KV:  # each row in e4m3 with its power-of-two scale, as torch_fp8.quantize_kv
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+            k_scale, k_inverse = pow2_scale(tl.max(tl.abs(k), 0))
+            v_scale, v_inverse = pow2_scale(tl.max(tl.abs(v), 0))
+            tl.store(k_scale_ptr + slot * stride_sslot + h, k_scale)
+            tl.store(v_scale_ptr + slot * stride_sslot + h, v_scale)
+            tl.store(k_cache_ptr + dst, e4m3_bits(k * k_inverse), mask=mask)  # the cache as bytes
+            tl.store(v_cache_ptr + dst, e4m3_bits(v * v_inverse), mask=mask)
+        else:
+            tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
+def write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
+    fp8 = k_scale is not None
+    if fp8:  # the kernel writes the e4m3 bytes itself (e4m3_bits)
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     _write_kv_kernel[(num_tokens, num_kv_heads)](
         key, value, k_cache, v_cache, slot_mapping,
+        k_scale if fp8 else k_cache, v_scale if fp8 else v_cache,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        k_cache.stride(1), k_cache.stride(2),
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        k_cache.stride(1), k_cache.stride(2), k_scale.stride(1) if fp8 else 0,
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), FP8_KV=fp8,
     )  # fmt: skip
 
 
@@ -66,6 +83,7 @@ def _extend_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
     q_block_seq_ptr, q_block_start_ptr, sinks_ptr, scale, window, softcap,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cblock, stride_cslot, stride_chead, stride_bt,
+    k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, FP8_KV: tl.constexpr,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
@@ -104,6 +122,7 @@ def _extend_kernel(
         k, v = load_kv_tile(
             k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs_n, n_mask, d, d_mask,
             kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
+            k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV,
         )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N]
         if HAS_SOFTCAP:
@@ -137,8 +156,10 @@ def extend_attention(
     window=None,
     softcap=None,
     sinks=None,
+    kv_scales=None,
 ):
-    """Packed queries of several sequences (any chunk start, decode rows too) -> same shape."""
+    """Packed queries of several sequences (any chunk start, decode rows too) -> same shape.
+    `kv_scales`: an FP8 cache's (k_scale, v_scale)."""
     num_tokens, num_heads, head_dim = query.shape
     out = torch.empty_like(query)
     if num_tokens == 0:
@@ -148,6 +169,7 @@ def extend_attention(
         q_block_seq, q_block_start, sinks if sinks is not None else query, scale, window or 0,
         softcap or 0.0, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        *kv_scale_args(k_cache, kv_scales), FP8_KV=kv_scales is not None,
         GROUP=num_heads // k_cache.shape[2], HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
         BLOCK_M=EXTEND_BLOCK_M, BLOCK_N=EXTEND_BLOCK_N, DOT_PRECISION=dot_precision(query),

@@ -174,3 +174,77 @@ def test_fp32_fp8_decode_gemm_is_the_rounded_gemm() -> None:
     round_to_fp8_(weight, q, scale)
     got = decode_linear(x, weight, None, q, scale)
     torch.testing.assert_close(got, fp8_linear_reference(x, q, scale), rtol=1e-5, atol=1e-4)
+
+
+# ---- the FP8 KV cache ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_kv_write_and_reads_equal_the_twin(dtype) -> None:
+    from rollout.kernels import torch_paged_attention as twin
+    from rollout.kernels import triton_paged_attention as kernels
+    from rollout.kernels.torch_fp8 import FP8_DTYPE
+    from tests.kernel_cases import make_case, with_fp8_cache
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    key = torch.randn(40, 8, 128, device="cuda", generator=g).to(dtype) * 30
+    value = torch.randn(40, 8, 128, device="cuda", generator=g).to(dtype)
+    slots = torch.randperm(64, device="cuda")[:40].to(torch.int64)
+    caches = [torch.zeros(4, 16, 8, 128, device="cuda", dtype=FP8_DTYPE) for _ in range(4)]
+    scales = [torch.ones(4, 16, 8, device="cuda") for _ in range(4)]
+    kernels.write_kv(key, value, caches[0], caches[1], slots, scales[0], scales[1])
+    twin.write_kv(key, value, caches[2], caches[3], slots, scales[2], scales[3])
+    for a, b in ((0, 2), (1, 3)):
+        assert torch.equal(caches[a].view(torch.uint8), caches[b].view(torch.uint8))
+        assert torch.equal(scales[a], scales[b])
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    decode = with_fp8_cache(make_case([1, 700, 4000, 129], [1] * 4, 8, 4, 128, 16, dtype, "cuda"))
+    got = kernels.decode_attention(
+        decode["query"], decode["k_cache"], decode["v_cache"], decode["block_tables"],
+        decode["seq_lens"], decode["scale"], 4096, kv_scales=decode["kv_scales"],
+    )  # fmt: skip
+    want = twin.paged_attention(
+        decode["query"], decode["k_cache"], decode["v_cache"], decode["block_tables"],
+        decode["query_start_loc_host"], decode["seq_lens_host"], decode["scale"],
+        kv_scales=decode["kv_scales"],
+    )  # fmt: skip
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    extend = with_fp8_cache(make_case([300, 70, 5], [300, 7, 1], 8, 4, 128, 16, dtype, "cuda"))
+    got = kernels.extend_attention(
+        extend["query"], extend["k_cache"], extend["v_cache"], extend["block_tables"],
+        extend["query_start_loc"], extend["seq_lens"], extend["q_block_seq"],
+        extend["q_block_start"], extend["scale"], kv_scales=extend["kv_scales"],
+    )  # fmt: skip
+    want = twin.paged_attention(
+        extend["query"], extend["k_cache"], extend["v_cache"], extend["block_tables"],
+        extend["query_start_loc_host"], extend["seq_lens_host"], extend["scale"],
+        kv_scales=extend["kv_scales"],
+    )  # fmt: skip
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
+def test_fp32_greedy_with_an_fp8_kv_cache_equals_transformers(arch: str) -> None:
+    from tests.fp8_oracle import with_fp8_kv_attention
+
+    model = tiny_model(arch).to("cuda")
+    reference = with_fp8_kv_attention(model)
+    expected = [hf_greedy(reference, p, 40) for p in PROMPTS]
+    engine = engine_for(model, ON_GPU, weight_quantization="none", kv_cache_dtype="fp8")
+    results = engine.generate(PROMPTS, SamplingParams(max_tokens=40, temperature=0))
+    assert [r.token_ids for r in results] == expected
+    assert engine.stats().preemptions > 0 and engine.stats().cuda_graphs > 0
+
+
+@pytest.mark.parametrize("compile_model", [False, True])
+def test_graphs_equal_eager_with_fp8_weights_and_kv(compile_model: bool) -> None:
+    model = tiny_model("qwen3").to("cuda", torch.bfloat16)
+    sampled = SamplingParams(max_tokens=40, temperature=1.0, n=2, seed=3)
+    settings = dict(
+        num_kv_blocks=200, dtype="bfloat16", compile_model=compile_model, kv_cache_dtype="fp8"
+    )
+    graphed = engine_for(model, ON_GPU, **settings)
+    a = graphed.generate(PROMPTS, sampled)
+    assert graphed.stats().cuda_graphs > 0
+    b = engine_for(model, ON_GPU, cuda_graphs=False, **settings).generate(PROMPTS, sampled)
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]

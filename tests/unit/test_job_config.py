@@ -47,6 +47,8 @@ def test_fp8_rollouts_turn_the_off_policy_correction_on_and_the_job_says_so() ->
         None, ["rollout.engine.weight_quantization=fp8", "trainer.off_policy_correction=none"]
     )
     assert off.off_policy_correction == "none" and "does not correct" in fp8_notice(off)
+    kv = load_config(None, ["rollout.engine.kv_cache_dtype=fp8"])
+    assert kv.fp8_rollouts and kv.off_policy_correction == "token_tis"
 
 
 def test_rows_too_short_to_share_a_prompt_hold_one_sample_each() -> None:

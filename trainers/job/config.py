@@ -144,8 +144,8 @@ class TrainerConfig:
     versions, another kernel and dtype, FP8 weights): "none" (TRL's PPO ratio against the
     rollout's logprobs), "token_tis" (each token weighted by min(pi_trainer / pi_rollout, cap))
     or "sequence_mis" (samples whose whole-sequence ratio is outside [1/cap, cap] left out);
-    "auto": "token_tis" when the actors sample with FP8 weights
-    (rollout.engine.weight_quantization: fp8), else "none". Both modes; no extra forward. Every
+    "auto": "token_tis" when the actors sample with FP8 weights or KV cache
+    (rollout.engine.weight_quantization / kv_cache_dtype: fp8), else "none". Both modes; no extra forward. Every
     step logs the mismatch (off_policy/* in W&B) either way."""
     off_policy_cap: float = 2.0
     """The cap of trainer.off_policy_correction (> 1)."""
@@ -366,7 +366,9 @@ class JobConfig:
 
     @property
     def fp8_rollouts(self) -> bool:
-        return self.rollout.engine.get("weight_quantization") == "fp8"
+        """The actors sample with FP8 weights or an FP8 KV cache."""
+        engine = self.rollout.engine
+        return engine.get("weight_quantization") == "fp8" or engine.get("kv_cache_dtype") == "fp8"
 
     @property
     def save_steps(self) -> int:

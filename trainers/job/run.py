@@ -41,12 +41,12 @@ def fp8_notice(config: JobConfig) -> str:
     chosen = config.off_policy_correction
     if chosen == "none":
         return (
-            "the actors sample with FP8 weights and trainer.off_policy_correction is none: the "
+            "the actors sample with FP8 (weights or KV) and trainer.off_policy_correction is none: the "
             "loss does not correct for their drift from the bf16 policy (off_policy/kl shows it)"
         )
     how = "auto" if config.trainer.off_policy_correction == "auto" else "as set"
     return (
-        f"the actors sample with FP8 weights: trainer.off_policy_correction={chosen} ({how}, "
+        f"the actors sample with FP8 (weights or KV): trainer.off_policy_correction={chosen} ({how}, "
         f"cap {config.trainer.off_policy_cap}) corrects for their drift from the bf16 policy"
     )
 

@@ -64,6 +64,7 @@ def job_summary(
         "staleness_rule": config.trainer.staleness if config.trainer.mode == "streaming" else None,
         "off_policy_correction": config.off_policy_correction,
         "weight_quantization": config.rollout.engine.get("weight_quantization", "none"),
+        "kv_cache_dtype": config.rollout.engine.get("kv_cache_dtype", "auto"),
         "off_policy": off_policy_figures(trainer.state.log_history),
         "routing_replay": config.trainer.routing_replay,
         "routing_flipped_fraction": logged_mean(

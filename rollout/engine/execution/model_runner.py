@@ -23,7 +23,7 @@ from rollout.engine.execution.cuda_graph import (
     pad_step_inputs,
 )
 from rollout.engine.execution.device_timing import DeviceTiming
-from rollout.engine.execution.kv_cache import KVCacheShape, allocate_kv_caches
+from rollout.engine.execution.kv_cache import KVCacheShape, allocate_kv_caches, kv_dtype
 from rollout.engine.execution.sampler import Sampler, SamplingTensors
 from rollout.engine.execution.step_slot import StepSlot
 from rollout.engine.execution.streams import StepStreams
@@ -61,7 +61,7 @@ class ModelRunner:
         self.device = device
         self.shape = KVCacheShape.from_model_config(model.config)
         self.kv_caches = allocate_kv_caches(
-            self.shape, num_kv_blocks, config.block_size, dtype, device
+            self.shape, num_kv_blocks, config.block_size, kv_dtype(config, dtype), device
         )
         self.backend = resolve_attention_backend(config.attention, device)
         self.windows = layer_windows(model)
@@ -251,6 +251,7 @@ class ModelRunner:
         if copies.shape[0] == 0:
             return
         src, dst = copies[:, 0], copies[:, 1]
-        for k_cache, v_cache in self.kv_caches:
-            k_cache[dst] = k_cache[src]
-            v_cache[dst] = v_cache[src]
+        for layer in self.kv_caches:
+            for cache in layer:  # K, V, and an FP8 cache's scales
+                if cache is not None:
+                    cache[dst] = cache[src]

@@ -11,8 +11,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import torch
-
 from rollout.kernels.attention_metadata import AttentionMetadata
 from rollout.kernels.registry import AttentionBackend
 
@@ -20,7 +18,7 @@ from rollout.kernels.registry import AttentionBackend
 @dataclass
 class ForwardContext:
     meta: AttentionMetadata
-    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (k_cache, v_cache)
+    kv_caches: list  # per layer: a LayerKV (k, v, and an FP8 cache's scales)
     backend: AttentionBackend
     windows: tuple[int | None, ...]  # per layer: sliding window, None for full attention
     layers_attended: list[int] | None = None  # construction-time check: the layers that attended
