@@ -166,6 +166,7 @@ def _run_result(
         # Prompt tokens whose KV the prefix cache supplied (0 unless prompts repeat in the run).
         "prefix_hit_tokens": stats.prefix_hit_tokens,
         "cuda_graphs": stats.cuda_graphs,
+        "fp8_round_s": stats.fp8_round_s,  # rounding every weight to FP8 once (at load)
         "truncated_at_deadline": truncated,
         "setup_s": setup_s,
         "compiled": settings["compile_model"] and cuda,

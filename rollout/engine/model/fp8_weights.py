@@ -1,12 +1,12 @@
 """FP8 weights for the decode GEMMs (`EngineConfig.weight_quantization="fp8"`).
 
-A decode step's time is mostly the read of every weight; reading them as e4m3 halves it. Each
-quantized weight gets an FP8 copy (e4m3 values, a power-of-two scale per output row:
+A decode step's time is mostly the read of every weight; reading them as e4m3 halves the bytes.
+Each quantized weight gets an FP8 copy (e4m3 values, a power-of-two scale per output row:
 `rollout/kernels/torch_fp8.py`) and the weight itself is overwritten with the values that copy
-stands for. The engine's model *is* then the FP8 model: a decode step reads the FP8 bytes
-(`rollout::decode_linear`, `rollout::fused_experts`), a prefill chunk runs cuBLAS over the
-rounded weight, and both compute the same thing, up to summation order. transformers' own forward
-over the same module is the exactness oracle.
+stands for. The engine's model *is* then the FP8 model: a decode GEMM reads the FP8 bytes where
+that measured faster (`triton_linear.fp8_pays`, `triton_moe.FP8_EXPERTS_MIN_TOKENS`), the bf16
+weight elsewhere and for prefill's many rows, and all of them compute the same thing, up to
+summation order. transformers' own forward over the same modules is the exactness oracle.
 
 Quantized: every linear projection of the decoder layers (plain `nn.Linear` modules; the fused
 q/k/v and gate/up as one tensor each, which per-row scales allow) and the MoE experts' 3-D
@@ -54,10 +54,6 @@ class Fp8Weights:
     weights: list[Fp8Weight] = field(default_factory=list)
     last_round_s: float = 0.0
     """Seconds the last `round_all` took on the device."""
-
-    @property
-    def fp8_bytes(self) -> int:
-        return sum(w.q.numel() + w.scale.numel() * 4 for w in self.weights)
 
     @torch.no_grad()
     def round_all(self) -> float:
