@@ -39,8 +39,10 @@ QWEN3_8B_SHAPES = [
 ]
 SHAPES = {"w1": W1_SHAPES, "qwen3-8b": QWEN3_8B_SHAPES}
 L2_BYTES = 64 << 20  # a little above the H200's 50 MB
-SWEEP = list(itertools.product((16, 32, 64), (128, 256), (3, 4, 6)))  # BLOCK_N, BLOCK_K, stages
-FP8_SWEEP = list(itertools.product((16, 32, 64), (256, 512), (2, 3, 4, 6)))
+# (BLOCK_N, BLOCK_K, stages, split_k, warps): split_k > 1 slices K over that many programs
+SWEEP = list(itertools.product((32, 64), (128, 256), (4, 6), (1, 2, 4), (4,)))
+FP8_SWEEP = list(itertools.product((16, 32, 64), (128, 256, 512), (3, 4, 6), (1, 2, 4, 8), (4,)))
+FP8_SWEEP += list(itertools.product((32, 64), (256, 512), (4,), (1, 2, 4), (8,)))
 
 
 def time_in_graph(fn, copies: int, replays: int = 20) -> float:
@@ -117,29 +119,25 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
         row[f"{label}_tb_per_s"] = nbytes / ms / 1e9
     if sweep:
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        timed = {}
-        for tiles in SWEEP:
-            try:
-                timed[tiles] = time_in_graph(
-                    lambda i, t=tiles: triton_linear.launch(x, weights[i], None, y, *t), copies
-                )
-            except Exception:  # noqa: BLE001 - e.g. out of shared memory: not a candidate
-                continue
-        best = min(timed, key=timed.get)
-        row["sweep_best"] = {"tiles": list(best), "ms": timed[best]}
-        timed = {}
-        for tiles in FP8_SWEEP:
-            try:
-                timed[tiles] = time_in_graph(
-                    lambda i, t=tiles: triton_linear.launch(
-                        x, fp8[i][0], None, y, *t, scale=fp8[i][1]
-                    ),
-                    copies,
-                )
-            except Exception:  # noqa: BLE001 - e.g. out of shared memory: not a candidate
-                continue
-        best = min(timed, key=timed.get)
-        row["fp8_sweep_best"] = {"tiles": list(best), "ms": timed[best]}
+        for key, tile_choices, launch_with in (
+            ("sweep", SWEEP, lambda i, t: triton_linear.launch(x, weights[i], None, y, *t)),
+            (
+                "fp8_sweep",
+                FP8_SWEEP,
+                lambda i, t: triton_linear.launch(x, fp8[i][0], None, y, *t, scale=fp8[i][1]),
+            ),
+        ):
+            timed = {}
+            for tiles in tile_choices:
+                try:
+                    timed[tiles] = time_in_graph(lambda i, t=tiles: launch_with(i, t), copies)
+                except Exception:  # noqa: BLE001 - e.g. out of shared memory: not a candidate
+                    continue
+            best = min(timed, key=timed.get)
+            unsplit = min((t for t in timed if t[3] == 1), key=timed.get)
+            row[f"{key}_best"] = {"tiles": list(best), "ms": timed[best]}
+            row[f"{key}_best_unsplit"] = {"tiles": list(unsplit), "ms": timed[unsplit]}
+            row[f"{key}_all"] = [[*t, round(ms * 1e3, 2)] for t, ms in sorted(timed.items())]
     return row
 
 
@@ -177,7 +175,8 @@ def main() -> None:
             best, best8 = row["sweep_best"], row["fp8_sweep_best"]
             line += f" | best tiles {best['tiles']} {best['ms'] * 1e3:.1f} us"
             line += f", FP8 {best8['tiles']} {best8['ms'] * 1e3:.1f} us"
-        print(line)
+            line += f" (unsplit {row['fp8_sweep_best_unsplit']['ms'] * 1e3:.1f} us)"
+        print(line, flush=True)
         torch.cuda.empty_cache()
     if args.json_out:
         Path(args.json_out).write_text(

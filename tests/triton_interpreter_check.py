@@ -250,6 +250,12 @@ def check_decode_linear() -> float:
         y = torch.empty(rows, n)
         triton_linear.launch(x, weight, bias, y, 32, 128, 2)
         worst = max(worst, (y - torch.nn.functional.linear(x, weight, bias)).abs().max().item())
+    # K split over 4 programs per column block (the counters re-armed: twice in a row)
+    x, weight = torch.randn(7, 512, generator=g), torch.randn(80, 512, generator=g)
+    for _ in range(2):
+        y = torch.empty(7, 80)
+        triton_linear.launch(x, weight, None, y, 32, 128, 2, split_k=4)
+        worst = max(worst, (y - torch.nn.functional.linear(x, weight)).abs().max().item())
     return worst
 
 
@@ -267,9 +273,10 @@ def check_fp8_linear() -> float:
         q, scale = torch_fp8.quantize_rows(weight)
         bias = torch.randn(n, generator=g) if use_bias else None
         y = torch.empty(rows, n)
-        triton_linear.launch(x, q, bias, y, 32, 256, 2, scale=scale)
-        want = torch_fp8.fp8_linear_reference(x, q, scale, bias)
-        worst = max(worst, _error(y, want))
+        for split_k in (1, 2):  # 2: only where K is two whole tiles (1,024), else not split
+            triton_linear.launch(x, q, bias, y, 32, 256, 2, scale=scale, split_k=split_k)
+            want = torch_fp8.fp8_linear_reference(x, q, scale, bias)
+            worst = max(worst, _error(y, want))
     return worst
 
 

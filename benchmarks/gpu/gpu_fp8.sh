@@ -40,7 +40,7 @@ for part in "$@"; do
         ${GPU_TESTS:-tests/gpu} 2>&1 | tee "$OUT_DIR/pytest_gpu.log" | tail -25 ;;
     gemm)
       for m in ${GEMM_ROWS:-8 32}; do
-        run "gemm_qwen3-8b_m$m" 120 benchmarks/bench_gemm.py --shapes qwen3-8b --m $m \
+        run "gemm_qwen3-8b_m$m" ${GEMM_TIMEOUT:-120} benchmarks/bench_gemm.py --shapes qwen3-8b --m $m \
           ${GEMM_ARGS:-} --json-out "$OUT_DIR/gemm_qwen3-8b_m$m.json"
       done ;;
     w1) both w1_qwen3-8b 150 --workload qwen3-8b-w1 ;;

@@ -33,16 +33,21 @@ MAX_ROWS = 64
 
 @triton.jit
 def _decode_linear_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+    x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
     FP8: tl.constexpr, IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
+    pid_n = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
     n_mask = offs_n < N
+    # With SPLIT_K > 1 each program walks one K // SPLIT_K slice (launch() makes it a multiple
+    # of BLOCK_K): more programs in flight for the narrow outputs.
+    k_len = K // SPLIT_K
+    k_begin = tl.program_id(1) * k_len
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_begin, k_begin + k_len, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = (offs_k < K) | EVEN_K  # no K masking when BLOCK_K divides K
         x = tl.load(
@@ -61,6 +66,27 @@ def _decode_linear_kernel(
             acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
         else:
             acc = tl.dot(x, tl.trans(w), acc)
+    if SPLIT_K > 1:
+        # Each slice leaves its partial sums in the workspace; the last of a column block's
+        # programs to arrive adds them in slice order (deterministic), finishes and re-arms the
+        # block's counter for the next launch: one launch, no reduction kernel.
+        part = part_ptr + offs_m[:, None] * N + offs_n[None, :]
+        mn_mask = m_mask[:, None] & n_mask[None, :]
+        tl.store(part + tl.program_id(1) * M * N, acc, mask=mn_mask)
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for s in range(SPLIT_K):  # .cg: read from L2, where the other programs wrote
+                acc += tl.load(part + s * M * N, mask=mn_mask, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + pid_n, 0)
+            _finish(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, FP8, HAS_BIAS)
+    else:
+        _finish(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, FP8, HAS_BIAS)
+
+
+@triton.jit
+def _finish(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym,
+            FP8: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
     if FP8:
         acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
     if HAS_BIAS:
@@ -158,18 +184,47 @@ def decode_linear(
     return y.view(*x.shape[:-1], n)
 
 
-def launch(x, weight, bias, y, block_n: int, block_k: int, stages: int, scale=None) -> None:
+def launch(
+    x, weight, bias, y, block_n: int, block_k: int, stages: int, split_k: int = 1, warps: int = 4,
+    *, scale=None,
+) -> None:  # fmt: skip
     """y[M, N] = x[M, K] @ weight[N, K].T (+ bias) with the given tiles (bench_gemm.py sweeps
-    them); with `scale` [N], weight is FP8 and y = (x @ weight.T) * scale (+ bias)."""
+    them); with `scale` [N], weight is FP8 and y = (x @ weight.T) * scale (+ bias). `split_k`
+    slices K over that many programs per column block (whole BLOCK_K tiles each, else no split)."""
     rows, k = x.shape
     n = weight.shape[0]
-    _decode_linear_kernel[(triton.cdiv(n, block_n),)](
+    column_blocks = triton.cdiv(n, block_n)
+    if split_k > 1 and k % (split_k * block_k) == 0:
+        counters = _split_counters(x.device, column_blocks)
+        split_k = split_k if counters is not None else 1
+    else:
+        split_k, counters = 1, None
+    partials = y if split_k == 1 else torch.empty(split_k, rows, n, dtype=torch.float32, device=x.device)
+    _decode_linear_kernel[(column_blocks, split_k)](
         x, weight, scale if scale is not None else y, bias if bias is not None else y, y,
+        partials, counters if counters is not None else y,
         rows, n, k, x.stride(0), weight.stride(0), y.stride(0),
         FP8=scale is not None, IEEE=x.dtype == torch.float32, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
-        BLOCK_M=_block_m(rows), BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=4, num_stages=stages,
+        SPLIT_K=split_k, BLOCK_M=_block_m(rows), BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
+
+
+# One arrival counter per column block and device, zero between launches (the last program of
+# each block re-arms its own). Launches that split K run one at a time on a device: the engine's
+# forward passes are queued on one stream.
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+MIN_COUNTERS = 1 << 16
+
+
+def _split_counters(device: torch.device, column_blocks: int) -> torch.Tensor | None:
+    counters = _COUNTERS.get(device)
+    if counters is None or counters.numel() < column_blocks:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None  # memory made during a capture belongs to that graph: no split this time
+        counters = torch.zeros(max(MIN_COUNTERS, column_blocks), dtype=torch.int32, device=device)
+        _COUNTERS[device] = counters
+    return counters
 
 
 @decode_linear.register_fake
