@@ -130,7 +130,7 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
             timed = {}
             for tiles in tile_choices:
                 try:
-                    timed[tiles] = time_in_graph(lambda i, t=tiles: launch_with(i, t), copies)
+                    timed[tiles] = time_in_graph(lambda i, t=tiles, f=launch_with: f(i, t), copies)
                 except Exception:  # noqa: BLE001 - e.g. out of shared memory: not a candidate
                     continue
             best = min(timed, key=timed.get)

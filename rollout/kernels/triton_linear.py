@@ -79,7 +79,9 @@ def _decode_linear_kernel(
             for s in range(SPLIT_K):  # .cg: read from L2, where the other programs wrote
                 acc += tl.load(part + s * M * N, mask=mn_mask, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid_n, 0)
-            _finish(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, FP8, HAS_BIAS)
+            _finish(
+                acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, FP8, HAS_BIAS
+            )
     else:
         _finish(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, FP8, HAS_BIAS)
 
@@ -101,23 +103,26 @@ def _finish(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym,
 SHARED_MEMORY_BUDGET = 200 * 1024  # of the H200's 227 KiB per block, with room to spare
 
 
-def _tiles(rows: int, n: int, weight_bytes: int = 2, x_bytes: int = 2) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, pipeline stages), from bench_gemm.py's sweep on the H200 at 32 rows:
+def _tiles(rows: int, n: int, weight_bytes: int = 2, x_bytes: int = 2) -> tuple[int, ...]:
+    """(BLOCK_N, BLOCK_K, pipeline stages, K split, warps), from bench_gemm.py's sweeps on the H200:
     narrow outputs need narrow column blocks (more programs than SMs) and deep pipelines to keep
     loads in flight. Each stage holds an x and a weight tile in shared memory, so more rows
-    leave room for fewer stages. FP8 weights: (32, 256, 3) for the wide outputs FP8 is used for
-    (the sweep's best at 8 rows for gate/up and within 3% for the rest); fp32 activations (tests)
-    take narrower K tiles to fit two stages."""
-    block_n, block_k, stages = (32, 256, 6) if n <= 16384 else (64, 128, 3)
-    if weight_bytes == 1:
-        block_n, block_k, stages = 32, 256, 3
+    leave room for fewer stages. FP8 weights, at up to 16 rows: K split in two for the narrow
+    outputs (more programs in flight: 5-13% faster at 8 rows than unsplit), whole for the wide
+    ones; at more rows, wider column blocks. fp32 activations (tests) take narrower K tiles to
+    fit two stages."""
+    block_n, block_k, stages, split_k = (32, 256, 6, 1) if n <= 16384 else (64, 128, 3, 1)
+    if weight_bytes == 1 and rows <= FP8_NARROW_MAX_ROWS:
+        block_n, block_k, stages, split_k = 32, 256, 3, 2 if n < FP8_MIN_COLUMNS else 1
+    elif weight_bytes == 1:
+        block_n, block_k, stages, split_k = 64, 128, 4, 1
 
     def stage_bytes() -> int:
         return (_block_m(rows) * x_bytes + block_n * weight_bytes) * block_k
 
     while 2 * stage_bytes() > SHARED_MEMORY_BUDGET and block_k > 32:
         block_k //= 2
-    return block_n, block_k, max(2, min(stages, SHARED_MEMORY_BUDGET // stage_bytes()))
+    return block_n, block_k, max(2, min(stages, SHARED_MEMORY_BUDGET // stage_bytes())), split_k, 4
 
 
 def _block_m(rows: int) -> int:
@@ -133,17 +138,19 @@ def supported(weight: torch.Tensor) -> bool:
     )
 
 
-# Where reading the FP8 weight pays (bench_gemm.py on one H200, Qwen3-8B's shapes): at 1-8 rows
-# the FP8 kernel takes 39-40 us for gate/up (24,576 x 4,096) against 50-52 us for bf16, and 193
-# against 284-301 us for a 151,936-wide head; at the narrower q/k/v, o and down projections it is
-# no faster than bf16 (12-31 us either way: fixed costs, not the read, set those GEMMs' time), and
-# at 32 rows it gains 10% at best. Elsewhere the bf16 weight, which holds the same values, is read.
-FP8_MAX_ROWS = 16
+# Where reading the FP8 weight pays (bench_gemm.py --sweep on one H200, Qwen3-8B's shapes, best
+# tiles of each kernel; docs/performance.md): at 1-8 rows the wide outputs gain most (gate/up
+# 24,576 x 4,096: 39 against 49-50 us) and the narrow ones a little with K split in two (q/k/v,
+# o, down: 15.0 / 11.4 / 25.6 against 15.9 / 11.8 / 29.0 us at 8 rows); at 32 rows only the wide
+# outputs gain (gate/up 43.6 against 51.2 us; q/k/v, o and down no faster than bf16). More rows
+# were not measured. Elsewhere the bf16 weight, which holds the same values, is read.
+FP8_NARROW_MAX_ROWS = 16
+FP8_MAX_ROWS = 32
 FP8_MIN_COLUMNS = 16384
 
 
 def fp8_pays(rows: int, n: int) -> bool:
-    return 0 < rows <= FP8_MAX_ROWS and n >= FP8_MIN_COLUMNS
+    return 0 < rows <= FP8_NARROW_MAX_ROWS or (0 < rows <= FP8_MAX_ROWS and n >= FP8_MIN_COLUMNS)
 
 
 @torch.library.custom_op("rollout::decode_linear", mutates_args=())
@@ -199,7 +206,9 @@ def launch(
         split_k = split_k if counters is not None else 1
     else:
         split_k, counters = 1, None
-    partials = y if split_k == 1 else torch.empty(split_k, rows, n, dtype=torch.float32, device=x.device)
+    partials = (
+        y if split_k == 1 else torch.empty(split_k, rows, n, dtype=torch.float32, device=x.device)
+    )
     _decode_linear_kernel[(column_blocks, split_k)](
         x, weight, scale if scale is not None else y, bias if bias is not None else y, y,
         partials, counters if counters is not None else y,
@@ -215,6 +224,11 @@ def launch(
 # forward passes are queued on one stream.
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 MIN_COUNTERS = 1 << 16
+
+
+def prepare_split_k(device: torch.device) -> None:
+    """Make the device's counters now, outside any CUDA graph capture (where none can be made)."""
+    _split_counters(torch.device(device), 1)
 
 
 def _split_counters(device: torch.device, column_blocks: int) -> torch.Tensor | None:

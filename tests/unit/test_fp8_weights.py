@@ -84,6 +84,7 @@ def test_rounding_in_place_is_idempotent_and_keeps_the_storage() -> None:
 def test_fp8_is_read_only_where_it_paid_on_the_gpu() -> None:
     from rollout.kernels.triton_linear import fp8_pays
 
-    assert fp8_pays(1, 24576) and fp8_pays(16, 151936)
-    assert not fp8_pays(1, 6144)  # q/k/v: no faster than bf16
-    assert not fp8_pays(32, 24576) and not fp8_pays(0, 24576)
+    assert fp8_pays(1, 24576) and fp8_pays(16, 151936) and fp8_pays(32, 24576)
+    assert fp8_pays(8, 6144)  # q/k/v with K split in two
+    assert not fp8_pays(32, 6144)  # q/k/v at 32 rows: no faster than bf16
+    assert not fp8_pays(33, 24576) and not fp8_pays(0, 24576)

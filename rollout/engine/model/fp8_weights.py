@@ -133,8 +133,11 @@ def quantize_model(model: nn.Module) -> Fp8Weights:
     """Give every covered weight its FP8 copy, round the weights to it, and route the forwards
     that can read it (the linears' and, through fused_experts_forward, the experts')."""
     weights = Fp8Weights()
-    if any(p.is_cuda for p in model.parameters()):
-        import rollout.kernels.triton_linear  # noqa: F401  (registers rollout::decode_linear)
+    cuda = next((p.device for p in model.parameters() if p.is_cuda), None)
+    if cuda is not None:  # registers rollout::decode_linear; its K-split counters before capture
+        from rollout.kernels import triton_linear
+
+        triton_linear.prepare_split_k(cuda)
     for name, module, attribute in quantized_tensors(model):
         tensor = getattr(module, attribute)
         q = torch.empty(tensor.shape, dtype=FP8_DTYPE, device=tensor.device)
@@ -200,8 +203,8 @@ def fp8_read_bytes_saved(model: nn.Module) -> tuple[int, int]:
 def fp8_linear(
     x: torch.Tensor, weight: torch.Tensor, bias, fp8, triton_bf16: bool = False
 ) -> torch.Tensor:
-    """x @ weight.T (+ bias), reading the FP8 form on CUDA where that pays
-    (`triton_linear.fp8_pays`: wide outputs at a few rows); elsewhere `weight`, which holds the
+    """x @ weight.T (+ bias), reading the FP8 form on CUDA where that pays (`triton_linear.fp8_pays`:
+    every projection at a few rows, the wide ones at more); elsewhere `weight`, which holds the
     same values: by our bf16 decode GEMM with `triton_bf16`, else cuBLAS (and prefill's rows)."""
     if x.is_cuda:
         return torch.ops.rollout.decode_linear(x, weight, bias, *fp8, triton_bf16)
