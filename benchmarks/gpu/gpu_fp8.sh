@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # FP8 weights on one GPU, each part under its own time limit:
-#   tests    the GPU tests (FP8 and every kernel they share code with)
+#   tests    the GPU tests (all of tests/gpu, or GPU_TESTS): over 10 minutes on one H200, so
+#            tests1 (engine, FP8, attention kernels) and tests2 (the rest) fit one call each
 #   gemm     the decode GEMMs of the Qwen3-8B shape: cuBLAS bf16, Triton bf16, Triton FP8
 #   w1       qwen3-8b-w1 (32 x (256 + 2048)), bf16 then FP8 weights
 #   grpo     the grpo workload on the Qwen3-8B shape, bf16 then FP8 weights
@@ -9,6 +10,7 @@
 #   moe      one MoE layer's experts (Qwen3-30B-A3B), bf16 and FP8 weights
 #   drift    FP8 rollouts against the bf16 trainer (bench_mismatch.py), dense and MoE
 #   grpo-kv  the grpo workload on the Qwen3-8B shape: bf16, then FP8 weights and FP8 KV cache
+#   grpo-fp8-kv  only the latter (after a grpo part in the same call)
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out); ROLLOUT_COMMIT=<sha> names the commit.
 set -o pipefail
@@ -35,9 +37,14 @@ both() {  # both NAME SECONDS ARGS...: bf16 weights, then FP8 (and $FP8_EXTRA, e
 }
 for part in "$@"; do
   case $part in
-    tests)
-      timeout ${PYTEST_TIMEOUT:-330} python3 -m pytest -m gpu -q -p no:cacheprovider \
-        ${GPU_TESTS:-tests/gpu} 2>&1 | tee "$OUT_DIR/pytest_gpu.log" | tail -25 ;;
+    tests|tests1|tests2)
+      groups=(tests/gpu)
+      [ "$part" = tests1 ] && groups=(tests/gpu/test_cuda_ipc_gpu.py tests/gpu/test_engine_gpu.py
+        tests/gpu/test_fp8_gpu.py tests/gpu/test_kernels.py)
+      [ "$part" = tests2 ] && groups=(tests/gpu/test_linear_gpu.py tests/gpu/test_moe_gpu.py
+        tests/gpu/test_sampler_gpu.py tests/gpu/test_train_gpu.py)
+      timeout ${PYTEST_TIMEOUT:-540} python3 -m pytest -m gpu -q -p no:cacheprovider \
+        ${GPU_TESTS:-${groups[@]}} 2>&1 | tee "$OUT_DIR/pytest_$part.log" | tail -25 ;;
     gemm)
       for m in ${GEMM_ROWS:-8 32}; do
         run "gemm_qwen3-8b_m$m" ${GEMM_TIMEOUT:-120} benchmarks/bench_gemm.py --shapes qwen3-8b --m $m \
@@ -46,6 +53,9 @@ for part in "$@"; do
     w1) both w1_qwen3-8b 150 --workload qwen3-8b-w1 ;;
     grpo) both grpo_qwen3-8b 240 --workload grpo ;;
     grpo-kv) FP8_EXTRA=kv_cache_dtype=fp8 both grpo_kv_qwen3-8b 240 --workload grpo ;;
+    grpo-fp8-kv) run grpo_qwen3-8b_fp8_kv 240 benchmarks/bench_rollout.py --workload grpo \
+      --modes overlap --engine weight_quantization=fp8 --engine kv_cache_dtype=fp8 \
+      --json-out "$OUT_DIR/grpo_qwen3-8b_fp8_kv.json" ;;
     tail) both grpo_tail 120 --workload grpo --prompts 2 --group-size 4 --length-max 4096 ;;
     moe) run moe_experts 90 benchmarks/bench_moe.py --tokens ${MOE_TOKENS:-1,8,32,128} \
       --json-out "$OUT_DIR/moe_experts.json" ;;

@@ -99,8 +99,9 @@ class EngineConfig:
     """"auto": the model's dtype; "fp8": keys and values stored as e4m3 with a power-of-two scale
     per token and KV head, written by the attention's KV write and widened by its reads, so the
     same memory holds 1.9x the tokens (head_dim 128) and a decode step reads about half the KV
-    bytes. The engine serves exactly the model whose attention sees those rounded keys and values
-    (a trainer should correct for it, as for FP8 weights)."""
+    bytes (though the widening makes those reads slower than bf16's today: docs/performance.md).
+    The engine serves exactly the model whose attention sees those rounded keys and values (a
+    trainer should correct for it, as for FP8 weights)."""
     seed: int = 0
     """Seeds the sampler for requests that bring no seed of their own."""
     cpu_kv_cache_gib: float = 2.0
