@@ -9,9 +9,11 @@ projections of the Llama-3-8B shapes, while q/k/v and gate/up are a little faste
 only those three projections here (`fused_projections.py`).
 
 Each program owns BLOCK_N output columns for every row and walks K with a deep software
-pipeline, so the weight streams once with many loads in flight and no reduction step. It runs as
-the custom op `rollout::decode_linear`: opaque to torch.compile, and with more than 64 rows (a
-prefill) it is plain `F.linear`.
+pipeline, so the weight streams once with many loads in flight. With `split_k` a column block's
+K is sliced over that many programs, the last of which adds their partial sums in order. It runs
+as the custom op `rollout::decode_linear`: opaque to torch.compile, and with more than 64 rows (a
+prefill) it is plain `F.linear`. Over FP8 weights every projection comes here where FP8 pays
+(`fp8_pays`).
 
 With FP8 weights the weight tile is loaded as e4m3 (half the bytes: decode's floor halves) and
 widened to the activations' dtype in registers, exactly; each fp32 accumulator column is scaled
@@ -108,7 +110,7 @@ def _tiles(rows: int, n: int, weight_bytes: int = 2, x_bytes: int = 2) -> tuple[
     narrow outputs need narrow column blocks (more programs than SMs) and deep pipelines to keep
     loads in flight. Each stage holds an x and a weight tile in shared memory, so more rows
     leave room for fewer stages. FP8 weights, at up to 16 rows: K split in two for the narrow
-    outputs (more programs in flight: 5-13% faster at 8 rows than unsplit), whole for the wide
+    outputs (more programs in flight: 5-14% faster at 1-8 rows than unsplit), whole for the wide
     ones; at more rows, wider column blocks. fp32 activations (tests) take narrower K tiles to
     fit two stages."""
     block_n, block_k, stages, split_k = (32, 256, 6, 1) if n <= 16384 else (64, 128, 3, 1)
