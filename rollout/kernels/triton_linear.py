@@ -75,6 +75,7 @@ def _decode_linear_kernel(
         part = part_ptr + offs_m[:, None] * N + offs_n[None, :]
         mn_mask = m_mask[:, None] & n_mask[None, :]
         tl.store(part + tl.program_id(1) * M * N, acc, mask=mn_mask)
+        tl.debug_barrier()  # every thread's partial stores before the release below
         arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
         if arrived == SPLIT_K - 1:
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
