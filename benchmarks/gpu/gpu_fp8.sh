@@ -43,7 +43,7 @@ for part in "$@"; do
         tests/gpu/test_fp8_gpu.py tests/gpu/test_kernels.py)
       [ "$part" = tests2 ] && groups=(tests/gpu/test_linear_gpu.py tests/gpu/test_moe_gpu.py
         tests/gpu/test_sampler_gpu.py tests/gpu/test_train_gpu.py)
-      timeout ${PYTEST_TIMEOUT:-540} python3 -m pytest -m gpu -q -p no:cacheprovider \
+      timeout ${PYTEST_TIMEOUT:-540} python3 -m pytest -m gpu -q -p no:cacheprovider --durations=10 \
         ${GPU_TESTS:-${groups[@]}} 2>&1 | tee "$OUT_DIR/pytest_$part.log" | tail -25 ;;
     gemm)
       for m in ${GEMM_ROWS:-8 32}; do
