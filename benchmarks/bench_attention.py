@@ -5,6 +5,7 @@
     python benchmarks/bench_attention.py --seqs 32 --context 1300 --max-context 2320 --sweep
                                                         # w1's mean context; try the tile choices
     python benchmarks/bench_attention.py --regimes      # a grpo run's batches, launch choices
+    python benchmarks/bench_attention.py --regimes --fp8-kv   # the same batches, FP8 KV cache
 
 Effective bandwidth = bytes of K and V read (each once) / kernel time (median of do_bench), next
 to torch SDPA on the same KV stored contiguously (no paging) and a plain device copy.
@@ -14,7 +15,9 @@ tokens to 128 at 2K, under a 16K static maximum), for each of a few launch choic
 (`DecodeTiles.target_programs`, longest piece): each time is the replay of a CUDA graph of 36
 launches (one per layer of an 8B model) over the number of launches, as the engine runs it
 (bench_gemm's `time_in_graph`); do_bench's per-call timing would add the host's launch time to
-kernels of a few microseconds.
+kernels of a few microseconds. With --fp8-kv each point times the bf16 cache at the default
+launch beside an FP8 cache (e4m3, a scale per token and KV head, as the engine stores it) at the
+default and a few other launch choices, the FP8 cache's bytes counted for its bandwidth.
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--verify-width", type=int, default=5, help="with --regimes: tokens a verified sequence"
+    )
+    parser.add_argument(
+        "--fp8-kv", action="store_true", help="with --regimes: an FP8 cache against bf16's"
     )
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
@@ -160,24 +166,36 @@ def sweep_regimes(args) -> list[dict]:
     from benchmarks.bench_gemm import time_in_graph
     from rollout.kernels import triton_decode_attention as decode
     from rollout.kernels import triton_paged_attention as kernels
+    from rollout.kernels.torch_fp8 import quantize_kv
 
     hkv, d, bs, dtype = args.kv_heads, args.head_dim, args.block_size, torch.bfloat16
     max_context = args.max_context or 16640
     base = decode.DECODE_TILES
     up_to_512 = dataclasses.replace(base, full_batch_split_len=0)
-    choices = {
-        "fixed 512-token pieces": dataclasses.replace(up_to_512, target_programs=0),
-        **{
-            f"target {t} programs": dataclasses.replace(up_to_512, target_programs=t)
-            for t in (128, 256, 512, 1024)
-        },
-        "target 256, pieces up to 1024": dataclasses.replace(
-            up_to_512, target_programs=256, split_len=1024
-        ),
-        "target 256, up to 1024 at a full batch": dataclasses.replace(
-            base, target_programs=256, full_batch_split_len=1024
-        ),
-    }
+    if args.fp8_kv:
+        choices = {
+            "bf16 KV": base,
+            "FP8 KV": base,
+            "FP8, pieces up to 1024": dataclasses.replace(base, split_len=1024),
+            "FP8, up to 2048 at a full batch": dataclasses.replace(base, full_batch_split_len=2048),
+            "FP8, 64-token tiles": dataclasses.replace(base, block_n=64),
+            "FP8, 4 stages": dataclasses.replace(base, num_stages=4),
+            "FP8, 8 warps": dataclasses.replace(base, num_warps=8),
+        }
+    else:
+        choices = {
+            "fixed 512-token pieces": dataclasses.replace(up_to_512, target_programs=0),
+            **{
+                f"target {t} programs": dataclasses.replace(up_to_512, target_programs=t)
+                for t in (128, 256, 512, 1024)
+            },
+            "target 256, pieces up to 1024": dataclasses.replace(
+                up_to_512, target_programs=256, split_len=1024
+            ),
+            "target 256, up to 1024 at a full batch": dataclasses.replace(
+                base, target_programs=256, full_batch_split_len=1024
+            ),
+        }
     rows = []
     for point in args.points.split(","):
         s, n = (int(x) for x in point.split("x"))
@@ -194,13 +212,30 @@ def sweep_regimes(args) -> list[dict]:
             max_context,
         )
         kv_bytes = 2 * s * n * hkv * d * k_cache.element_size()
+        fp8_inputs = fp8_kv_bytes = None
+        if args.fp8_kv:
+            k8, k_scale = quantize_kv(k_cache)
+            v8, v_scale = quantize_kv(inputs[2])
+            fp8_inputs = (inputs[0], k8, v8, *inputs[3:])
+            fp8_kv_bytes = kv_bytes // 2 + 2 * s * n * hkv * k_scale.element_size()
         line = []
         for name, tiles in choices.items():
-            run = functools.partial(decode.decode_attention, *inputs, tiles)
+            fp8 = args.fp8_kv and name.startswith("FP8")
+            run = functools.partial(
+                decode.decode_attention, *(fp8_inputs if fp8 else inputs), tiles,
+                kv_scales=(k_scale, v_scale) if fp8 else None,
+            )  # fmt: skip
             us = 1e3 * time_in_graph(lambda i, run=run: run(), copies=36)
+            read = fp8_kv_bytes if fp8 else kv_bytes
             rows.append({"point": point, "choice": name, "tiles": vars(tiles), "us": us,
-                         "tb_per_s": kv_bytes / us / 1e6})  # fmt: skip
+                         "tb_per_s": read / us / 1e6})  # fmt: skip
             line.append(f"{name} {us:.1f}")
+        if args.fp8_kv:
+            print(f"  {point:>9s} ({kv_bytes / 1e6:7.1f} MB/layer bf16): " + " | ".join(line),
+                  flush=True)  # fmt: skip
+            del inputs, k_cache, fp8_inputs
+            torch.cuda.empty_cache()
+            continue
         # A verification step of 4 drafts a sequence (5 tokens each, as its graph lays it out):
         # the decode kernel's rows against the extend kernel.
         width = args.verify_width

@@ -21,9 +21,12 @@ def load_kv_tile(
     k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, like_ptr, FP8_KV: tl.constexpr,
 ):  # fmt: skip
     """K and V at context positions `offs` of the sequence whose block-table row starts at
-    `block_table_ptr`: [len(offs), BLOCK_D] each, zeros where `n_mask` or `d_mask` is off. An FP8
-    cache's rows are widened by their (token, head) scales into `like_ptr`'s dtype (exactly:
-    the scales are powers of two)."""
+    `block_table_ptr`: [len(offs), BLOCK_D] each, zeros where `n_mask` or `d_mask` is off, and
+    their (token, head) scales [len(offs)]. An FP8 cache's bytes are widened into `like_ptr`'s
+    dtype unscaled: the caller multiplies the scores by the K scales (`scale_scores`) and the
+    probabilities by the V scales (`fold_tile`), a few multiplies a token instead of three
+    conversions an element, and exact as the scales are powers of two. Without an FP8 cache the
+    scales are never used (and compiled away)."""
     page = tl.load(block_table_ptr + offs // PAGE, mask=n_mask, other=0)
     # int64: block x stride passes int32 in caches of over 2^31 elements.
     row = page.to(tl.int64) * stride_cblock + (offs % PAGE) * stride_cslot + kv_head * stride_chead
@@ -34,9 +37,20 @@ def load_kv_tile(
         scale_row = page.to(tl.int64) * stride_sblock + (offs % PAGE) * stride_sslot + kv_head
         k_scale = tl.load(k_scale_ptr + scale_row, mask=n_mask, other=0.0)
         v_scale = tl.load(v_scale_ptr + scale_row, mask=n_mask, other=0.0)
-        k = (k.to(tl.float32) * k_scale[:, None]).to(like_ptr.dtype.element_ty)
-        v = (v.to(tl.float32) * v_scale[:, None]).to(like_ptr.dtype.element_ty)
-    return k, v
+        k = k.to(like_ptr.dtype.element_ty)
+        v = v.to(like_ptr.dtype.element_ty)
+    else:
+        k_scale = n_mask.to(tl.float32)
+        v_scale = k_scale
+    return k, v, k_scale, v_scale
+
+
+@triton.jit
+def scale_scores(qk, k_scale, FP8_KV: tl.constexpr):
+    """The scores [rows, tile] of an FP8 tile's unscaled keys times each key's scale."""
+    if FP8_KV:
+        qk = qk * k_scale[None, :]
+    return qk
 
 
 @triton.jit
@@ -88,17 +102,22 @@ def kv_scale_args(k_cache: torch.Tensor, kv_scales) -> tuple:
 
 
 @triton.jit
-def fold_tile(qk, v, m, denom, acc, DOT_PRECISION: tl.constexpr):
+def fold_tile(qk, v, v_scale, m, denom, acc, DOT_PRECISION: tl.constexpr, FP8_KV: tl.constexpr):
     """Fold one tile's scores `qk` [rows, tile] (-inf where masked) and values `v` into the
     running max `m`, normaliser `denom` [rows] and output `acc` [rows, BLOCK_D]. A row with
-    every position masked so far stays at m = -inf, denom = 0, acc = 0."""
+    every position masked so far stays at m = -inf, denom = 0, acc = 0. An FP8 tile's values
+    are unscaled: each probability takes its value's scale before the product (a power of two,
+    so the rounded product is the one of the scaled values)."""
     m_new = tl.maximum(m, tl.max(qk, 1))
     # A row that has seen no visible position yet keeps -inf; exp(-inf - -inf) would be NaN.
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp(qk - m_safe[:, None])
     alpha = tl.exp(m - m_safe)  # rescales what was accumulated under the old max
     denom = denom * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    weights = p
+    if FP8_KV:
+        weights = p * v_scale[None, :]
+    acc = acc * alpha[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, denom, acc
 
 

@@ -34,6 +34,7 @@ from rollout.kernels.triton_attention_tiles import (
     fold_tile,
     kv_scale_args,
     load_kv_tile,
+    scale_scores,
     soft_cap,
 )
 
@@ -129,12 +130,13 @@ def _decode_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs < end
-        k, v = load_kv_tile(
+        k, v, k_scale, v_scale = load_kv_tile(
             k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs, n_mask, d, d_mask,
             kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
             k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV,
         )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [ROWS_PAD, BLOCK_N]
+        qk = scale_scores(qk, k_scale, FP8_KV)
         if HAS_SOFTCAP:
             qk = soft_cap(qk, softcap)
         visible = n_mask[None, :]
@@ -143,7 +145,7 @@ def _decode_kernel(
         if HAS_WINDOW:
             visible &= offs[None, :] > q_pos[:, None] - window
         qk = tl.where(visible, qk, float("-inf"))
-        m, denom, acc = fold_tile(qk, v, m, denom, acc, DOT_PRECISION)
+        m, denom, acc = fold_tile(qk, v, v_scale, m, denom, acc, DOT_PRECISION, FP8_KV)
     if num_active == 1:  # the whole visible context fit one piece: no partials, no merge
         if HAS_SINKS:
             sink = tl.load(sinks_ptr + heads, mask=row_mask, other=0.0).to(tl.float32)

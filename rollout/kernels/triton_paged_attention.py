@@ -22,6 +22,7 @@ from rollout.kernels.triton_attention_tiles import (
     kv_scale_args,
     load_kv_tile,
     pow2_scale,
+    scale_scores,
     soft_cap,
 )
 from rollout.kernels.triton_decode_attention import (  # noqa: F401 - the backend's surface
@@ -119,19 +120,20 @@ def _extend_kernel(
     for n0 in range(kv_start, kv_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_end
-        k, v = load_kv_tile(
+        k, v, k_scale, v_scale = load_kv_tile(
             k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs_n, n_mask, d, d_mask,
             kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
             k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV,
         )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N]
+        qk = scale_scores(qk, k_scale, FP8_KV)
         if HAS_SOFTCAP:
             qk = soft_cap(qk, softcap)
         visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
         if HAS_WINDOW:
             visible &= offs_n[None, :] > q_pos[:, None] - window
         qk = tl.where(visible, qk, float("-inf"))
-        m, denom, acc = fold_tile(qk, v, m, denom, acc, DOT_PRECISION)
+        m, denom, acc = fold_tile(qk, v, v_scale, m, denom, acc, DOT_PRECISION, FP8_KV)
     if HAS_SINKS:
         sink = tl.load(sinks_ptr + h + offs_m * 0).to(tl.float32)  # [BLOCK_M], one head's
         m, denom, acc = add_sinks(m, denom, acc, sink)
