@@ -176,11 +176,13 @@ def sweep_regimes(args) -> list[dict]:
         choices = {
             "bf16 KV": base,
             "FP8 KV": base,
-            "FP8, pieces up to 1024": dataclasses.replace(base, split_len=1024),
             "FP8, up to 2048 at a full batch": dataclasses.replace(base, full_batch_split_len=2048),
-            "FP8, 64-token tiles": dataclasses.replace(base, block_n=64),
-            "FP8, 4 stages": dataclasses.replace(base, num_stages=4),
-            "FP8, 8 warps": dataclasses.replace(base, num_warps=8),
+            "FP8, 2 stages": dataclasses.replace(base, num_stages=2),
+            "FP8, 256-token tiles": dataclasses.replace(base, block_n=256, num_stages=2),
+            "FP8, 256-token tiles, 8 warps": dataclasses.replace(
+                base, block_n=256, num_stages=2, num_warps=8
+            ),
+            "FP8, 2 warps": dataclasses.replace(base, num_warps=2),
         }
     else:
         choices = {
