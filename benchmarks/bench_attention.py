@@ -176,12 +176,12 @@ def sweep_regimes(args) -> list[dict]:
         choices = {
             "bf16 KV": base,
             "FP8 KV": base,
-            "FP8, up to 2048 at a full batch": dataclasses.replace(base, full_batch_split_len=2048),
-            "FP8, 2 stages": dataclasses.replace(base, num_stages=2),
-            "FP8, 256-token tiles": dataclasses.replace(base, block_n=256, num_stages=2),
-            "FP8, 256-token tiles, 8 warps": dataclasses.replace(
-                base, block_n=256, num_stages=2, num_warps=8
+            "FP8, 1 stage": dataclasses.replace(base, num_stages=1),
+            "FP8, 1 stage, 2 warps": dataclasses.replace(base, num_stages=1, num_warps=2),
+            "FP8, 1 stage, 2048 at a full batch": dataclasses.replace(
+                base, num_stages=1, full_batch_split_len=2048
             ),
+            "FP8, 2 stages": dataclasses.replace(base, num_stages=2),
             "FP8, 2 warps": dataclasses.replace(base, num_warps=2),
         }
     else:
