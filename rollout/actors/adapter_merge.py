@@ -2,12 +2,16 @@
 
 The first adapter sync snapshots the base weight of every module it touches (the checkpoint's,
 since a LoRA job never sends full weights), and every sync merges from that snapshot: version N
-is applied exactly, never on top of version N - 1's rounding. The merge is computed in float32
+is applied exactly, never on top of version N - 1's rounding. With FP8 weights the snapshot is
+taken from the engine's unrounded copies, so the merged weight is rounded once, as the trainer's
+base plus adapter would be. The merge is computed in float32
 and cast once to the weight's dtype, module by module, so only one module's temporaries exist at
 a time. Later syncs must touch the same modules: a module left out would keep a stale delta.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -42,13 +46,20 @@ class AdapterMerge:
         model: torch.nn.Module,
         manifest: AdapterManifest,
         factors: dict[str, torch.Tensor],
+        unrounded: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
     ) -> None:
         """Set each module's weight from its base and the received factors, in place. A failure
-        after the first module raises TornWeightsError (the model mixes two versions)."""
+        after the first module raises TornWeightsError (the model mixes two versions).
+        `unrounded(weight)`: an FP8 engine's values of a weight before rounding, the base to
+        snapshot instead of the rounded weight (`Fp8Weights.unrounded`)."""
         self.check(manifest)
         weights = dict(model.named_parameters())
         if not self.base:
-            self.base = {m: weights[f"{m}.weight"].detach().clone() for m in manifest.modules}
+            self.base = {}
+            for m in manifest.modules:
+                weight = weights[f"{m}.weight"].detach()
+                kept = unrounded(weight) if unrounded is not None else None
+                self.base[m] = kept if kept is not None else weight.clone()
         done = 0
         try:
             with torch.no_grad():

@@ -74,6 +74,8 @@ class WeightReceiver:
                 self.adapter.forget_base()
                 raise
             self.adapter.forget_base()
+            if (fp8 := self.engine.fp8_weights) is not None:  # before they are rounded
+                fp8.keep_unrounded()
 
         return self._apply(copy_in, version)
 
@@ -81,6 +83,13 @@ class WeightReceiver:
         """Raise (naming the modules) if an adapter sync with this manifest would not fit."""
         check_adapter(self.engine.model, manifest)
         self.adapter.check(manifest)
+        fp8 = self.engine.fp8_weights
+        if fp8 is not None and not fp8.keeps_unrounded:
+            raise ValueError(
+                f"rollout worker {self.worker_id}: a LoRA adapter on FP8 weights needs "
+                "EngineConfig(fp8_keep_unrounded=True); merged into the rounded base, updates "
+                "smaller than half an e4m3 step would never reach the rollouts"
+            )
         if self.torn and not self.adapter.base:
             raise RuntimeError(
                 f"rollout worker {self.worker_id}: a full weight sync broke part-way, so there "
@@ -103,7 +112,8 @@ class WeightReceiver:
                 raise RuntimeError(
                     f"the adapter transfer broke; the rollout weights are unchanged: {err}"
                 ) from err
-            self.adapter.merge(model, manifest, factors)
+            fp8 = self.engine.fp8_weights
+            self.adapter.merge(model, manifest, factors, fp8.unrounded if fp8 else None)
 
         return self._apply(receive_and_merge, version)
 

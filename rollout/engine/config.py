@@ -95,6 +95,12 @@ class EngineConfig:
     weight update is rounded again on the device. Costs half the quantized weights' bytes more
     memory (the bf16 values stay, for prefill and weight sync). A trainer should correct for the
     rounding (the GRPO job turns its off-policy correction on)."""
+    fp8_keep_unrounded: bool = False
+    """With weight_quantization="fp8": keep each quantized weight's values before rounding in
+    host memory (their bytes again, pinned), refreshed by every full weight sync, so that a LoRA
+    adapter merges into the exact base and is rounded once. Without it an adapter sync is
+    refused: merged into the rounded base, every update smaller than half an e4m3 step (most of
+    a LoRA's) would vanish in the second rounding. The GRPO job turns it on for LoRA."""
     kv_cache_dtype: str = "auto"
     """"auto": the model's dtype; "fp8": keys and values stored as e4m3 with a power-of-two scale
     per token and KV head, written by the attention's KV write and widened by its reads, so the
@@ -122,6 +128,11 @@ class EngineConfig:
         _check_choice("speculative", self.speculative, _SPECULATIVE)
         _check_choice("weight_quantization", self.weight_quantization, _WEIGHT_QUANTIZATIONS)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, _KV_CACHE_DTYPES)
+        if self.fp8_keep_unrounded and self.weight_quantization != "fp8":
+            raise ValueError(
+                "fp8_keep_unrounded keeps FP8 weights' unrounded values: it needs "
+                "weight_quantization='fp8'"
+            )
         for name in ("num_speculative_tokens", "speculative_max_seqs"):
             _check_positive_int(name, getattr(self, name))
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):

@@ -214,6 +214,11 @@ class LLMEngine:
             after=fp8.round_all if fp8 is not None else None,
         )
 
+    @property
+    def fp8_weights(self):
+        """The FP8 weights' copies (`fp8_weights.Fp8Weights`), or None without FP8."""
+        return self._runner.prepared.fp8_weights
+
     def output_lengths(self) -> dict[str, dict[int, int]]:
         """Tokens each unfinished sample has generated so far, by request id and sample index
         (a token still being computed on the device counts: its step was launched before

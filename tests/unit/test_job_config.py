@@ -51,6 +51,18 @@ def test_fp8_rollouts_turn_the_off_policy_correction_on_and_the_job_says_so() ->
     assert kv.fp8_rollouts and kv.off_policy_correction == "token_tis"
 
 
+def test_the_actors_get_what_the_trainer_needs_of_them() -> None:
+    from trainers.job.run import fp8_notice
+
+    assert load_config(None, []).engine_settings_for_trainer == {}
+    lora_fp8 = load_config(None, ["rollout.engine.weight_quantization=fp8", "trainer.lora.r=8"])
+    assert lora_fp8.engine_settings_for_trainer == {"fp8_keep_unrounded": True}
+    assert "keep the unrounded base weights" in fp8_notice(lora_fp8)
+    assert load_config(None, ["trainer.lora.r=8"]).engine_settings_for_trainer == {}
+    kv_only = load_config(None, ["rollout.engine.kv_cache_dtype=fp8", "trainer.lora.r=8"])
+    assert kv_only.engine_settings_for_trainer == {}
+
+
 def test_rows_too_short_to_share_a_prompt_hold_one_sample_each() -> None:
     base = ["trainer.prompts_per_step=2", "trainer.num_generations=4"]
     base += ["trainer.max_completion_length=32", "rollout.engine.max_model_len=160"]

@@ -365,6 +365,21 @@ class JobConfig:
         return "token_tis" if self.fp8_rollouts else "none"
 
     @property
+    def engine_settings_for_trainer(self) -> dict:
+        """EngineConfig fields the actors need for what the trainer does with their samples:
+        routes recorded for routing replay (no prefix cache: its routes are not kept), and FP8
+        weights' unrounded values kept for LoRA, whose adapters merge into the exact base."""
+        settings: dict = {}
+        if self.trainer.routing_replay:
+            settings |= {"record_routes": True, "enable_prefix_caching": False}
+        if (
+            self.trainer.lora is not None
+            and self.rollout.engine.get("weight_quantization") == "fp8"
+        ):
+            settings |= {"fp8_keep_unrounded": True}
+        return settings
+
+    @property
     def fp8_rollouts(self) -> bool:
         """The actors sample with FP8 weights or an FP8 KV cache."""
         engine = self.rollout.engine

@@ -45,10 +45,16 @@ def fp8_notice(config: JobConfig) -> str:
             "loss does not correct for their drift from the bf16 policy (off_policy/kl shows it)"
         )
     how = "auto" if config.trainer.off_policy_correction == "auto" else "as set"
-    return (
+    notice = (
         f"the actors sample with FP8 (weights or KV): trainer.off_policy_correction={chosen} ({how}, "
         f"cap {config.trainer.off_policy_cap}) corrects for their drift from the bf16 policy"
     )
+    if config.engine_settings_for_trainer.get("fp8_keep_unrounded"):
+        notice += (
+            "; with LoRA they keep the unrounded base weights in host memory, so each adapter "
+            "is rounded once"
+        )
+    return notice
 
 
 def run_job(config: JobConfig) -> dict:

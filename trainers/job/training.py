@@ -124,8 +124,7 @@ def _start_pool(run: Run):
 
     config, placement = run.config, run.placement
     settings = placement.engine_settings(config.rollout.engine)
-    if config.trainer.routing_replay:  # the actors record what the trainer replays
-        settings |= {"record_routes": True, "enable_prefix_caching": False}
+    settings |= config.engine_settings_for_trainer
     engine = EngineConfig(model=run.inputs.model_path, seed=config.seed, **settings)
     pool = RolloutPool(
         engine,

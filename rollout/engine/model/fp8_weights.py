@@ -45,6 +45,7 @@ class Fp8Weight:
     weight: torch.Tensor  # the model's own storage (a parameter, or a fused buffer)
     q: torch.Tensor  # e4m3, weight's shape
     scale: torch.Tensor  # fp32, one per output row
+    unrounded: torch.Tensor | None = None  # host copy of the values before rounding, if kept
 
 
 @dataclass
@@ -54,6 +55,30 @@ class Fp8Weights:
     weights: list[Fp8Weight] = field(default_factory=list)
     last_round_s: float = 0.0
     """Seconds the last `round_all` took on the device."""
+
+    @torch.no_grad()
+    def keep_unrounded(self) -> None:
+        """Copy every weight's current (not yet rounded) values to its host copy: at load, and
+        after a full weight sync before `round_all`. Only where the copies were made."""
+        for w in self.weights:
+            if w.unrounded is not None:
+                w.unrounded.copy_(w.weight)
+
+    @property
+    def keeps_unrounded(self) -> bool:
+        return bool(self.weights) and self.weights[0].unrounded is not None
+
+    def unrounded(self, param: torch.Tensor) -> torch.Tensor | None:
+        """The values `param` (a quantized weight, or a view of a fused one) held before its last
+        rounding, on its device; None if it is not quantized or no host copies are kept."""
+        storage = param.untyped_storage().data_ptr()
+        for w in self.weights:
+            if w.unrounded is None or w.weight.untyped_storage().data_ptr() != storage:
+                continue
+            offset = param.storage_offset() - w.weight.storage_offset()
+            kept = w.unrounded.as_strided(param.shape, param.stride(), offset)
+            return kept.to(param.device, copy=True)
+        return None
 
     @torch.no_grad()
     def round_all(self) -> float:
@@ -129,9 +154,11 @@ def fp8_bytes_needed(model: nn.Module) -> int:
     return total
 
 
-def quantize_model(model: nn.Module) -> Fp8Weights:
+def quantize_model(model: nn.Module, keep_unrounded: bool = False) -> Fp8Weights:
     """Give every covered weight its FP8 copy, round the weights to it, and route the forwards
-    that can read it (the linears' and, through fused_experts_forward, the experts')."""
+    that can read it (the linears' and, through fused_experts_forward, the experts'). With
+    `keep_unrounded`, each weight's values before rounding stay in host memory (pinned beside a
+    GPU) for `Fp8Weights.unrounded`: the base a LoRA adapter merges into."""
     weights = Fp8Weights()
     cuda = next((p.device for p in model.parameters() if p.is_cuda), None)
     if cuda is not None:  # registers rollout::decode_linear; its K-split counters before capture
@@ -142,7 +169,13 @@ def quantize_model(model: nn.Module) -> Fp8Weights:
         tensor = getattr(module, attribute)
         q = torch.empty(tensor.shape, dtype=FP8_DTYPE, device=tensor.device)
         scale = torch.empty(tensor.shape[:-1], dtype=torch.float32, device=tensor.device)
-        weights.weights.append(Fp8Weight(name, tensor.data, q, scale))
+        unrounded = None
+        if keep_unrounded:
+            # the weight's own strides, so a view of it maps by its storage offset
+            unrounded = torch.empty_strided(
+                tensor.shape, tensor.stride(), dtype=tensor.dtype, pin_memory=tensor.is_cuda
+            )
+        weights.weights.append(Fp8Weight(name, tensor.data, q, scale, unrounded))
         fp8 = (q, scale)
         if attribute.endswith("_weight"):  # a fused projection's buffer: its forward reads this
             setattr(module, f"_fp8_{attribute.removesuffix('_weight')}", fp8)
@@ -153,6 +186,7 @@ def quantize_model(model: nn.Module) -> Fp8Weights:
                 module.forward = _fp8_linear_forward.__get__(module)
         else:  # experts
             setattr(module, f"_fp8_{attribute}", fp8)
+    weights.keep_unrounded()
     weights.round_all()
     return weights
 
