@@ -137,11 +137,22 @@ class ActorWeightSync:
 
         # A daemon thread: after a failed join it waits out its timeout without holding up exit.
         threading.Thread(target=build, name="weight-group", daemon=True).start()
-        try:
-            self._ray.get(joins)
-        except Exception as e:
-            cause = getattr(e, "cause", None) or e  # the actor's own exception, not Ray's wrapper
-            raise RuntimeError(
-                f"a rollout actor could not join the weight-sync group ({backend}): {cause}"
-            ) from e
+        # Joins in the order they end: an actor that died since the pool last looked (a kill
+        # lands some time after it is asked for) ends its join at once, while the others wait
+        # for it. It is reported as lost, so the sync runs again over the survivors; their
+        # joins here wait out the timeout in threads of their own (an actor takes several
+        # calls at once) beside the next group's.
+        pending = dict(zip(joins, live, strict=True))
+        while pending:
+            ready, _ = self._ray.wait(list(pending), num_returns=1)
+            actor = pending.pop(ready[0])
+            try:
+                self._ray.get(ready[0])
+            except self._ray.exceptions.RayActorError as e:
+                raise ActorsLostDuringSync({actor: e}) from e
+            except Exception as e:
+                cause = getattr(e, "cause", None) or e  # the actor's own error, not Ray's wrapper
+                raise RuntimeError(
+                    f"a rollout actor could not join the weight-sync group ({backend}): {cause}"
+                ) from e
         return group.result()
