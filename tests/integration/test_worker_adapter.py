@@ -51,6 +51,16 @@ def sync_adapter(worker, adapter: list, version: int, bucket_bytes: int = 4 << 1
     return sent
 
 
+def sync_full_weights(worker, named: list, version: int) -> None:
+    from rollout.weight_sync import manifest_for
+
+    manifest = manifest_for(named, torch.float32, bucket_bytes=16 << 10)
+    recorded = _ReplayGroup()
+    send_weights(recorded, manifest, named, torch.device("cpu"))
+    worker.weights.group = _ReplayGroup(recorded.buckets)
+    worker.receive_weights(manifest, version=version)
+
+
 def engine_weights(worker) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in worker.engine.model.named_parameters()}
 
@@ -125,16 +135,11 @@ def test_a_merge_that_breaks_part_way_holds_the_engine_until_an_adapter_sync(wor
 
 
 def test_new_full_weights_become_the_base_of_the_next_adapter(worker) -> None:
-    from rollout.weight_sync import manifest_for
     from tests.conftest import tiny_model
 
     sync_adapter(worker, lora_adapter(worker.engine.model, seed=10), version=1)
     named = list(tiny_model("llama", seed=99).named_parameters())
-    manifest = manifest_for(named, torch.float32, bucket_bytes=16 << 10)
-    recorded = _ReplayGroup()
-    send_weights(recorded, manifest, named, torch.device("cpu"))
-    worker.weights.group = _ReplayGroup(recorded.buckets)
-    worker.receive_weights(manifest, version=2)
+    sync_full_weights(worker, named, version=2)
 
     new_base = {n: p.detach().clone() for n, p in named}
     adapter = lora_adapter(worker.engine.model, seed=11)
@@ -202,17 +207,12 @@ def test_an_adapter_on_fp8_weights_is_rounded_once_from_the_unrounded_base(tmp_p
 
 
 def test_full_weights_on_fp8_become_the_unrounded_base_of_the_next_adapter(tmp_path) -> None:
-    from rollout.weight_sync import manifest_for
     from tests.conftest import tiny_model
 
     worker = _fp8_worker(tmp_path, keep_unrounded=True)
     try:
         named = list(tiny_model("llama", seed=99).named_parameters())
-        manifest = manifest_for(named, torch.float32, bucket_bytes=16 << 10)
-        recorded = _ReplayGroup()
-        send_weights(recorded, manifest, named, torch.device("cpu"))
-        worker.weights.group = _ReplayGroup(recorded.buckets)
-        worker.receive_weights(manifest, version=1)
+        sync_full_weights(worker, named, version=1)
         adapter = _small(lora_adapter(worker.engine.model, seed=12), 0.02)
         sync_adapter(worker, adapter, version=2)
         new_base = {n: p.detach().clone() for n, p in named}
