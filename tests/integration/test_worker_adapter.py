@@ -152,21 +152,6 @@ def test_new_full_weights_become_the_base_of_the_next_adapter(worker) -> None:
 # ---- FP8 weights: the adapter merges into the unrounded base, and is rounded once ---------------
 
 
-def _fp8_worker(tmp_path, keep_unrounded: bool):
-    from rollout import EngineConfig
-    from rollout.actors.worker import RolloutWorker
-    from tests.conftest import tiny_model
-
-    path = tmp_path / "tiny-llama"
-    tiny_model("llama", seed=4).save_pretrained(path)
-    config = EngineConfig(
-        model=str(path), device="cpu", dtype="float32", max_model_len=128, block_size=8,
-        max_num_seqs=8, num_kv_blocks=32, weight_quantization="fp8",
-        fp8_keep_unrounded=keep_unrounded,
-    )  # fmt: skip
-    return RolloutWorker(config)
-
-
 def _rounded(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     from rollout.kernels.torch_fp8 import dequantize_rows, quantize_rows
 
@@ -178,57 +163,46 @@ def _small(adapter: list, factor: float) -> list:
     return [(m, a * factor, b, s) for m, a, b, s in adapter]
 
 
-def test_an_adapter_on_fp8_weights_is_rounded_once_from_the_unrounded_base(tmp_path) -> None:
+def test_an_adapter_on_fp8_weights_is_rounded_once_from_the_unrounded_base(make_worker) -> None:
     from tests.conftest import tiny_model
 
-    worker = _fp8_worker(tmp_path, keep_unrounded=True)
-    try:
-        checkpoint = {
-            n: p.detach().clone() for n, p in tiny_model("llama", seed=4).named_parameters()
-        }
-        adapter = _small(lora_adapter(worker.engine.model, seed=10), 0.02)
-        sync_adapter(worker, adapter, version=1)
-        want = _rounded(merged(checkpoint, adapter))
-        twice = _rounded(merged(_rounded(checkpoint), adapter))  # the double rounding avoided
-        now = engine_weights(worker)
-        differs = 0
-        for name, weight in want.items():
-            assert torch.equal(now[name], weight), name
-            differs += int((weight != twice[name]).sum())
-        assert differs > 0, "the delta never crossed a rounding boundary: the test shows nothing"
-        # a second adapter merges from the same unrounded base
-        second = _small(lora_adapter(worker.engine.model, seed=11), 0.02)
-        sync_adapter(worker, second, version=2)
-        now = engine_weights(worker)
-        for name, weight in _rounded(merged(checkpoint, second)).items():
-            assert torch.equal(now[name], weight), name
-    finally:
-        worker.shutdown()
+    worker = make_worker(weight_quantization="fp8", fp8_keep_unrounded=True)
+    checkpoint = {n: p.detach().clone() for n, p in tiny_model("llama", seed=4).named_parameters()}
+    adapter = _small(lora_adapter(worker.engine.model, seed=10), 0.02)
+    sync_adapter(worker, adapter, version=1)
+    want = _rounded(merged(checkpoint, adapter))
+    twice = _rounded(merged(_rounded(checkpoint), adapter))  # the double rounding avoided
+    now = engine_weights(worker)
+    differs = 0
+    for name, weight in want.items():
+        assert torch.equal(now[name], weight), name
+        differs += int((weight != twice[name]).sum())
+    assert differs > 0, "the delta never crossed a rounding boundary: the test shows nothing"
+    # a second adapter merges from the same unrounded base
+    second = _small(lora_adapter(worker.engine.model, seed=11), 0.02)
+    sync_adapter(worker, second, version=2)
+    now = engine_weights(worker)
+    for name, weight in _rounded(merged(checkpoint, second)).items():
+        assert torch.equal(now[name], weight), name
 
 
-def test_full_weights_on_fp8_become_the_unrounded_base_of_the_next_adapter(tmp_path) -> None:
+def test_full_weights_on_fp8_become_the_unrounded_base_of_the_next_adapter(make_worker) -> None:
     from tests.conftest import tiny_model
 
-    worker = _fp8_worker(tmp_path, keep_unrounded=True)
-    try:
-        named = list(tiny_model("llama", seed=99).named_parameters())
-        sync_full_weights(worker, named, version=1)
-        adapter = _small(lora_adapter(worker.engine.model, seed=12), 0.02)
-        sync_adapter(worker, adapter, version=2)
-        new_base = {n: p.detach().clone() for n, p in named}
-        now = engine_weights(worker)
-        for name, weight in _rounded(merged(new_base, adapter)).items():
-            assert torch.equal(now[name], weight), name
-    finally:
-        worker.shutdown()
+    worker = make_worker(weight_quantization="fp8", fp8_keep_unrounded=True)
+    named = list(tiny_model("llama", seed=99).named_parameters())
+    sync_full_weights(worker, named, version=1)
+    adapter = _small(lora_adapter(worker.engine.model, seed=12), 0.02)
+    sync_adapter(worker, adapter, version=2)
+    new_base = {n: p.detach().clone() for n, p in named}
+    now = engine_weights(worker)
+    for name, weight in _rounded(merged(new_base, adapter)).items():
+        assert torch.equal(now[name], weight), name
 
 
-def test_an_adapter_on_fp8_weights_without_their_unrounded_values_is_refused(tmp_path) -> None:
-    worker = _fp8_worker(tmp_path, keep_unrounded=False)
-    try:
-        before = engine_weights(worker)
-        with pytest.raises(ValueError, match="fp8_keep_unrounded=True"):
-            sync_adapter(worker, lora_adapter(worker.engine.model, seed=10), version=1)
-        assert all(torch.equal(w, before[n]) for n, w in engine_weights(worker).items())
-    finally:
-        worker.shutdown()
+def test_an_adapter_on_fp8_weights_without_their_unrounded_values_is_refused(make_worker) -> None:
+    worker = make_worker(weight_quantization="fp8")
+    before = engine_weights(worker)
+    with pytest.raises(ValueError, match="fp8_keep_unrounded=True"):
+        sync_adapter(worker, lora_adapter(worker.engine.model, seed=10), version=1)
+    assert all(torch.equal(w, before[n]) for n, w in engine_weights(worker).items())
