@@ -5,6 +5,9 @@ the bf16 weight and over its FP8 form (e4m3, a scale per output row).
     python benchmarks/bench_gemm.py --m 64 --sweep  # also try every tile choice of the Triton kernel
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 8
 
+The FP8 kernel is timed twice: widening e4m3 through `triton_fp8_widen`'s integer path (the
+engine's) and through Triton's own cast (`..._cast`), whose outputs must agree bit for bit.
+
 At decode, every projection multiplies a few rows (M = running sequences) by a large weight, so
 its time is the weight read: effective bandwidth = weight bytes / kernel time. Each timing replays
 a CUDA graph of calls over enough distinct weight copies that none is served from L2, so the
@@ -14,6 +17,7 @@ figure is what one layer's GEMM costs inside a captured decode step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import sys
@@ -70,6 +74,20 @@ def time_in_graph(fn, copies: int, replays: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
+@contextlib.contextmanager
+def widening_by_cast(on: bool = True):
+    """FP8 launches inside widen e4m3 by Triton's cast instead of triton_fp8_widen's integer path
+    (the two give the same values; the graph keeps the variant it captured)."""
+    from rollout.kernels import triton_fp8_widen
+
+    before = triton_fp8_widen.FAST_WIDEN
+    triton_fp8_widen.FAST_WIDEN = before and not on
+    try:
+        yield
+    finally:
+        triton_fp8_widen.FAST_WIDEN = before
+
+
 def measure_shape(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
     import torch
 
@@ -96,25 +114,27 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
     def rel_error(got):
         return ((got.float() - want).norm() / want.norm()).item()
 
+    fp8_out = fp8_kernel(0).clone()
+    with widening_by_cast():
+        cast_out = fp8_kernel(0).clone()
     row = {
         "name": name,
         "n": n,
         "k": k,
         "m": m,
         "rel_error": rel_error(triton_linear.decode_linear(x, weights[0], None)),
-        "fp8_rel_error": rel_error(fp8_kernel(0).clone()),
+        "fp8_rel_error": rel_error(fp8_out),
+        "fp8_widenings_agree": bool(torch.equal(fp8_out, cast_out)),
     }
     candidates = [
-        ("cublas", weight_bytes, lambda i: x @ weights[i].T),
-        ("triton", weight_bytes, lambda i: triton_linear.decode_linear(x, weights[i], None)),
-        (
-            "triton_fp8",
-            n * k + 4 * n,
-            lambda i: fp8_kernel(i),
-        ),
+        ("cublas", weight_bytes, lambda i: x @ weights[i].T, False),
+        ("triton", weight_bytes, lambda i: triton_linear.decode_linear(x, weights[i], None), False),
+        ("triton_fp8", n * k + 4 * n, fp8_kernel, False),
+        ("triton_fp8_cast", n * k + 4 * n, fp8_kernel, True),
     ]
-    for label, nbytes, fn in candidates:
-        ms = time_in_graph(fn, copies)
+    for label, nbytes, fn, by_cast in candidates:
+        with widening_by_cast(by_cast):
+            ms = time_in_graph(fn, copies)
         row[f"{label}_ms"] = ms
         row[f"{label}_tb_per_s"] = nbytes / ms / 1e9
     if sweep:
@@ -169,7 +189,9 @@ def main() -> None:
             f"{row['cublas_tb_per_s']:.2f} TB/s | Triton {row['triton_ms'] * 1e3:6.1f} us "
             f"{row['triton_tb_per_s']:.2f} TB/s | FP8 {row['triton_fp8_ms'] * 1e3:6.1f} us "
             f"{row['triton_fp8_tb_per_s']:.2f} TB/s ({row['cublas_ms'] / row['triton_fp8_ms']:.2f}x"
-            f" cuBLAS) | rel err {row['rel_error']:.1e}, FP8 {row['fp8_rel_error']:.1e}"
+            f" cuBLAS; by cast {row['triton_fp8_cast_ms'] * 1e3:.1f} us"
+            f"{'' if row['fp8_widenings_agree'] else ', OUTPUTS DIFFER'})"
+            f" | rel err {row['rel_error']:.1e}, FP8 {row['fp8_rel_error']:.1e}"
         )
         if "sweep_best" in row:
             best, best8 = row["sweep_best"], row["fp8_sweep_best"]

@@ -5,7 +5,10 @@ checks: a variable whose type changes across a loop, a shape that does not broad
 compiled IR, an op the GPU backend lacks. `record_launches` notes each launch the interpreter
 makes (the kernel, its arguments' types, its compile-time constants and launch options);
 `python -m tests.triton_launches FILE` then compiles every distinct one for an H200 (sm_90)
-ahead of time, on CPU, through Triton's own front end and layout passes.
+ahead of time, on CPU, through Triton's own front end and layout passes; and each launch that
+reads FP8 once more with bf16 activations (`bf16_twins`), whose FP8 reads take
+`triton_fp8_widen`'s inline PTX, the interpreter cannot run: those down to a cubin, through the
+PTX assembler Triton ships.
 tests/unit/test_triton_interpreter.py runs both.
 """
 
@@ -61,11 +64,11 @@ def record_launches(path: str) -> None:
     atexit.register(lambda: Path(path).write_text(json.dumps(list(seen.values()), indent=1)))
 
 
-def compile_launches(launches: list[dict]) -> list[str]:
+def compile_launches(launches: list[dict], through: str = "ttgir") -> list[str]:
     """Compile each launch for sm_90 through Triton's front end and its GPU-layout passes
-    (TTIR, then TTGIR: where a type or shape the interpreter let through is refused); the LLVM
-    and PTX stages after them, seconds a kernel on CPU, are left to the GPU tests. Returns one
-    line per failure (empty: all compiled)."""
+    (TTIR, then TTGIR: where a type or shape the interpreter let through is refused); with
+    `through="cubin"` on through LLVM, PTX and the assembler (seconds a kernel on CPU; where
+    inline PTX is checked). Returns one line per failure (empty: all compiled)."""
     import importlib
 
     from triton._C.libtriton import ir
@@ -104,7 +107,7 @@ def compile_launches(launches: list[dict]) -> list[str]:
                 backend.get_module_map(), context,
             )  # fmt: skip
             metadata = {"hash": launch["kernel"], "target": target, **options.__dict__}
-            for stage in ("ttir", "ttgir"):
+            for stage in _STAGES[: _STAGES.index(through) + 1]:
                 module = stages[stage](module, metadata)
         except Exception as err:  # noqa: BLE001 - reported with the launch that failed
             shown = {kernel.params[i].name: v for (i,), v in constants.items()}
@@ -113,6 +116,39 @@ def compile_launches(launches: list[dict]) -> list[str]:
                 f"{type(err).__name__}: {str(err)[-600:]}"
             )
     return failures
+
+
+_STAGES = ("ttir", "ttgir", "llir", "ptx", "cubin")
+
+# The activation pointers (the model's dtype) of the kernels that read FP8: fp32 in the
+# interpreter's launches, bf16 in their twins.
+_ACTIVATIONS = {
+    "_decode_linear_kernel": ("x_ptr", "y_ptr"),
+    "_gate_up_kernel": ("x_ptr", "act_ptr"),
+    "_down_kernel": ("act_ptr", "out_ptr"),
+    "_decode_kernel": ("q_ptr", "out_ptr"),
+    "_extend_kernel": ("q_ptr", "out_ptr"),
+}
+
+
+def bf16_twins(launches: list[dict]) -> list[dict]:
+    """Each distinct launch that read FP8 (weights or KV), with bf16 activations and the fast
+    widening on, as a bf16 model on the GPU launches it."""
+    twins = {}
+    for launch in launches:
+        args = launch["args"]
+        reads_fp8 = args.get("FP8", {}).get("value") or args.get("FP8_KV", {}).get("value")
+        if not reads_fp8 or "FAST_WIDEN" not in args:
+            continue
+        twin = json.loads(json.dumps(launch))
+        for name in _ACTIVATIONS[launch["kernel"]]:
+            twin["args"][name] = {"pointer": "bf16"}
+        twin["args"]["FAST_WIDEN"] = {"value": True}
+        for name, value in (("IEEE", False), ("DOT_PRECISION", "tf32")):
+            if name in twin["args"]:
+                twin["args"][name] = {"value": value}
+        twins.setdefault(json.dumps(twin, sort_keys=True), twin)
+    return list(twins.values())
 
 
 def _is_constexpr(param: inspect.Parameter) -> bool:
@@ -139,6 +175,12 @@ if __name__ == "__main__":
     print(
         f"compiled {len(recorded) - len(problems)} of {len(recorded)} distinct launches for sm_90"
     )
-    for line in problems:
+    twins = bf16_twins(recorded)
+    twin_problems = compile_launches(twins, through="cubin")
+    print(
+        f"compiled {len(twins) - len(twin_problems)} of {len(twins)} bf16 twins of the FP8 "
+        "launches to sm_90 cubins"
+    )
+    for line in problems + twin_problems:
         print(line)
-    sys.exit(1 if problems or not recorded else 0)
+    sys.exit(1 if problems or twin_problems or not recorded or not twins else 0)

@@ -7,6 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
+from rollout.kernels.triton_fp8_widen import widen_e4m3
+
 
 def dot_precision(query: torch.Tensor) -> str:
     """Precision of tl.dot: fp32 models (tests, exactness) get full-precision dots; bf16/fp16
@@ -19,6 +21,7 @@ def load_kv_tile(
     k_cache_ptr, v_cache_ptr, block_table_ptr, offs, n_mask, d, d_mask, kv_head,
     stride_cblock, stride_cslot, stride_chead, PAGE: tl.constexpr,
     k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, like_ptr, FP8_KV: tl.constexpr,
+    FAST_WIDEN: tl.constexpr,
 ):  # fmt: skip
     """K and V at context positions `offs` of the sequence whose block-table row starts at
     `block_table_ptr`: [len(offs), BLOCK_D] each, zeros where `n_mask` or `d_mask` is off, and
@@ -37,8 +40,8 @@ def load_kv_tile(
         scale_row = page.to(tl.int64) * stride_sblock + (offs % PAGE) * stride_sslot + kv_head
         k_scale = tl.load(k_scale_ptr + scale_row, mask=n_mask, other=0.0)
         v_scale = tl.load(v_scale_ptr + scale_row, mask=n_mask, other=0.0)
-        k = k.to(like_ptr.dtype.element_ty)
-        v = v.to(like_ptr.dtype.element_ty)
+        k = widen_e4m3(k, like_ptr.dtype.element_ty, FAST_WIDEN)
+        v = widen_e4m3(v, like_ptr.dtype.element_ty, FAST_WIDEN)
     else:
         k_scale = n_mask.to(tl.float32)
         v_scale = k_scale

@@ -37,6 +37,7 @@ from rollout.kernels.triton_attention_tiles import (
     scale_scores,
     soft_cap,
 )
+from rollout.kernels.triton_fp8_widen import fast_widen
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ def _decode_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cblock, stride_cslot, stride_chead, stride_bt,
     k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, FP8_KV: tl.constexpr,
+    FAST_WIDEN: tl.constexpr,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
     QUERY_LEN: tl.constexpr, ROWS_PAD: tl.constexpr, MERGE_ROWS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -133,7 +135,7 @@ def _decode_kernel(
         k, v, k_scale, v_scale = load_kv_tile(
             k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs, n_mask, d, d_mask,
             kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
-            k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV,
+            k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV, FAST_WIDEN,
         )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [ROWS_PAD, BLOCK_N]
         qk = scale_scores(qk, k_scale, FP8_KV)
@@ -294,6 +296,7 @@ def decode_attention(
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         *kv_scale_args(k_cache, kv_scales), FP8_KV=kv_scales is not None,
+        FAST_WIDEN=kv_scales is not None and fast_widen(query.dtype, query.device),
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, QUERY_LEN=query_len,
         ROWS_PAD=max(16, triton.next_power_of_2(rows)), MERGE_ROWS=merge_rows,
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],

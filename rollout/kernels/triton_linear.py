@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from rollout.kernels.torch_fp8 import FP8_DTYPE
+from rollout.kernels.triton_fp8_widen import fast_widen, widen_e4m3
 
 MAX_ROWS = 64
 
@@ -38,6 +39,7 @@ def _decode_linear_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
     FP8: tl.constexpr, IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    FAST_WIDEN: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
@@ -63,7 +65,7 @@ def _decode_linear_kernel(
             other=0.0,
         )
         if FP8:  # e4m3 -> bf16/fp16/fp32 is exact
-            w = w.to(x.dtype)
+            w = widen_e4m3(w, x.dtype, FAST_WIDEN)
         if IEEE:  # fp32 activations (exactness tests): no TF32 rounding
             acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
         else:
@@ -218,6 +220,7 @@ def launch(
         rows, n, k, x.stride(0), weight.stride(0), y.stride(0),
         FP8=scale is not None, IEEE=x.dtype == torch.float32, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
         SPLIT_K=split_k, BLOCK_M=_block_m(rows), BLOCK_N=block_n, BLOCK_K=block_k,
+        FAST_WIDEN=scale is not None and fast_widen(x.dtype, x.device),
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
 

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from rollout.kernels.torch_fp8 import FP8_DTYPE
 from rollout.kernels.torch_moe import sort_by_expert
+from rollout.kernels.triton_fp8_widen import fast_widen, widen_e4m3
 
 # Above this many pairs (2,048 tokens at top-8, prefill chunks) torch.sort's radix passes: every
 # counting program reads all the pairs, which grows with the chunk (see docs/performance.md).
@@ -90,6 +91,7 @@ def _gate_up_kernel(
     x_ptr, w_ptr, s_ptr, order_ptr, counts_ptr, starts_ptr, act_ptr,
     H, INTER, TOP_K, stride_xt, stride_we, stride_wn, stride_at, stride_se,
     FP8: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    FAST_WIDEN: tl.constexpr,
 ):  # fmt: skip
     expert = tl.program_id(0)
     count = tl.load(counts_ptr + expert)
@@ -115,8 +117,8 @@ def _gate_up_kernel(
             wg = tl.load(w_gate + offs_k[:, None], mask=w_mask, other=0.0)
             wu = tl.load(w_up + offs_k[:, None], mask=w_mask, other=0.0)
             if FP8:  # e4m3 widens exactly
-                wg = wg.to(x.dtype)
-                wu = wu.to(x.dtype)
+                wg = widen_e4m3(wg, x.dtype, FAST_WIDEN)
+                wu = widen_e4m3(wu, x.dtype, FAST_WIDEN)
             if IEEE:
                 gate = tl.dot(x, wg, gate, input_precision="ieee")
                 up = tl.dot(x, wu, up, input_precision="ieee")
@@ -141,6 +143,7 @@ def _down_kernel(
     act_ptr, w_ptr, s_ptr, order_ptr, counts_ptr, starts_ptr, weights_ptr, out_ptr,
     H, INTER, stride_at, stride_we, stride_wn, stride_ot, stride_se,
     FP8: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    FAST_WIDEN: tl.constexpr,
 ):  # fmt: skip
     expert = tl.program_id(0)
     count = tl.load(counts_ptr + expert)
@@ -165,7 +168,7 @@ def _down_kernel(
             )
             w = tl.load(w_cols + offs_k[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0.0)
             if FP8:
-                w = w.to(a.dtype)
+                w = widen_e4m3(w, a.dtype, FAST_WIDEN)
             if IEEE:
                 acc = tl.dot(a, w, acc, input_precision="ieee")
             else:
@@ -267,17 +270,18 @@ def fused_experts(
         raise ValueError("FP8 experts need contiguous gate_up_scale [E, 2I] and down_scale [E, H]")
     gate_up_scale = gate_up_scale if fp8 else weights  # unread without FP8
     down_scale = down_scale if fp8 else weights
+    fast = fp8 and fast_widen(x.dtype, x.device)
     block_n = settings["BLOCK_N"]
     _gate_up_kernel[(num_experts, triton.cdiv(inter, block_n))](
         x, gate_up, gate_up_scale, order, counts, starts, act,
         hidden, inter, top_k, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
-        two_i if fp8 else 0, FP8=fp8, IEEE=ieee, **settings,
+        two_i if fp8 else 0, FP8=fp8, IEEE=ieee, FAST_WIDEN=fast, **settings,
     )  # fmt: skip
     pair_out = out.view(num_pairs, hidden)
     _down_kernel[(num_experts, triton.cdiv(hidden, block_n))](
         act, down, down_scale, order, counts, starts, weights, pair_out,
         hidden, inter, act.stride(0), down.stride(0), down.stride(1), pair_out.stride(0),
-        hidden if fp8 else 0, FP8=fp8, IEEE=ieee, **settings,
+        hidden if fp8 else 0, FP8=fp8, IEEE=ieee, FAST_WIDEN=fast, **settings,
     )  # fmt: skip
     return out.sum(dim=1)
 

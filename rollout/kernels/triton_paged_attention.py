@@ -30,6 +30,7 @@ from rollout.kernels.triton_decode_attention import (  # noqa: F401 - the backen
     DecodeTiles,
     decode_attention,
 )
+from rollout.kernels.triton_fp8_widen import fast_widen
 
 EXTEND_BLOCK_N = 64
 
@@ -85,6 +86,7 @@ def _extend_kernel(
     q_block_seq_ptr, q_block_start_ptr, sinks_ptr, scale, window, softcap,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cblock, stride_cslot, stride_chead, stride_bt,
     k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, FP8_KV: tl.constexpr,
+    FAST_WIDEN: tl.constexpr,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
@@ -123,7 +125,7 @@ def _extend_kernel(
         k, v, k_scale, v_scale = load_kv_tile(
             k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs_n, n_mask, d, d_mask,
             kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
-            k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV,
+            k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV, FAST_WIDEN,
         )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N]
         qk = scale_scores(qk, k_scale, FP8_KV)
@@ -172,6 +174,7 @@ def extend_attention(
         softcap or 0.0, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         *kv_scale_args(k_cache, kv_scales), FP8_KV=kv_scales is not None,
+        FAST_WIDEN=kv_scales is not None and fast_widen(query.dtype, query.device),
         GROUP=num_heads // k_cache.shape[2], HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
         BLOCK_M=EXTEND_BLOCK_M, BLOCK_N=EXTEND_BLOCK_N, DOT_PRECISION=dot_precision(query),

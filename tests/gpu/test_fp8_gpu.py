@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from rollout import SamplingParams
+from rollout.kernels import triton_fp8_widen
 from rollout.kernels.torch_fp8 import fp8_linear_reference, quantize_rows
 from rollout.kernels.torch_moe import fused_experts_reference
+from rollout.kernels.triton_fp8_widen import widen_e4m3
 from tests import model_zoo
 from tests.conftest import engine_for, hf_greedy, random_prompts, tiny_model
 from tests.fp8_oracle import rounded_copy
@@ -248,3 +252,91 @@ def test_graphs_equal_eager_with_fp8_weights_and_kv(compile_model: bool) -> None
     assert graphed.stats().cuda_graphs > 0
     b = engine_for(model, ON_GPU, cuda_graphs=False, **settings).generate(PROMPTS, sampled)
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
+
+
+# ---- widening e4m3 to bf16 (triton_fp8_widen) ---------------------------------------------------
+
+
+@triton.jit
+def _widen_kernel(x_ptr, y_ptr, FAST: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    offs = tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
+    tl.store(y_ptr + offs, widen_e4m3(tl.load(x_ptr + offs), tl.bfloat16, FAST))
+
+
+def test_the_integer_widening_is_the_cast_for_every_e4m3_value() -> None:
+    from rollout.kernels.torch_fp8 import FP8_DTYPE
+
+    # every byte once, then random bytes: the tile's per-thread packing of four values
+    codes = torch.cat([torch.arange(256), torch.randint(0, 256, (64 * 128 - 256,))])
+    x = codes.to(torch.uint8).cuda().view(FP8_DTYPE)
+    got = torch.empty(64 * 128, device="cuda", dtype=torch.bfloat16)
+    _widen_kernel[(1,)](x, got, FAST=True, ROWS=64, COLS=128)
+    want = x.to(torch.bfloat16)
+    nan = want.isnan()
+    assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))  # -0 too
+    # e4m3's NaN (0x7F, 0xFF) reads as +-480, which weights never hold (refused when rounded)
+    assert set(got[nan].float().abs().tolist()) == {480.0}
+
+
+def _by_cast(run):
+    before = triton_fp8_widen.FAST_WIDEN
+    triton_fp8_widen.FAST_WIDEN = False
+    try:
+        return run()
+    finally:
+        triton_fp8_widen.FAST_WIDEN = before
+
+
+def test_fp8_kernels_give_the_same_bits_widening_either_way() -> None:
+    """The decode GEMM, the experts and both attention kernels, bf16: the integer widening and
+    Triton's cast feed the same values to the same sums."""
+    from rollout.kernels import triton_linear
+    from rollout.kernels import triton_paged_attention as kernels
+    from rollout.kernels.triton_moe import fused_experts
+    from tests.kernel_cases import make_case, with_fp8_cache
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(32, 4096, generator=g, device="cuda").bfloat16()
+    q, scale = quantize_rows(torch.randn(6144, 4096, generator=g, device="cuda") / 30)
+    y = torch.empty(32, 6144, device="cuda", dtype=torch.bfloat16)
+    for rows in (8, 32):  # the K split in two, and wider tiles
+        tiles = triton_linear._tiles(rows, 6144, 1)
+        triton_linear.launch(x[:rows], q, None, y[:rows], *tiles, scale=scale)
+        fast = y[:rows].clone()
+        _by_cast(
+            lambda t=tiles, r=rows: triton_linear.launch(x[:r], q, None, y[:r], *t, scale=scale)
+        )
+        assert torch.equal(fast, y[:rows])
+    tokens, experts, hidden, inter = 40, 16, 512, 192
+    h = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
+    weights, index = torch.softmax(
+        torch.randn(tokens, experts, generator=g, device="cuda"), -1
+    ).topk(4, dim=-1)
+    (gq, gs), (dq, ds) = (
+        quantize_rows(torch.randn(experts, 2 * inter, hidden, generator=g, device="cuda") / 20),
+        quantize_rows(torch.randn(experts, hidden, inter, generator=g, device="cuda") / 12),
+    )
+    fast = fused_experts(h, index, weights, gq, dq, gs, ds)
+    assert torch.equal(fast, _by_cast(lambda: fused_experts(h, index, weights, gq, dq, gs, ds)))
+    decode = with_fp8_cache(
+        make_case([1, 700, 4000, 129], [1] * 4, 8, 4, 128, 16, torch.bfloat16, "cuda")
+    )
+    extend = with_fp8_cache(
+        make_case([300, 70, 5], [300, 7, 1], 8, 4, 128, 16, torch.bfloat16, "cuda")
+    )
+
+    def read_decode():
+        return kernels.decode_attention(
+            decode["query"], decode["k_cache"], decode["v_cache"], decode["block_tables"],
+            decode["seq_lens"], decode["scale"], 4096, kv_scales=decode["kv_scales"],
+        )  # fmt: skip
+
+    def read_extend():
+        return kernels.extend_attention(
+            extend["query"], extend["k_cache"], extend["v_cache"], extend["block_tables"],
+            extend["query_start_loc"], extend["seq_lens"], extend["q_block_seq"],
+            extend["q_block_start"], extend["scale"], kv_scales=extend["kv_scales"],
+        )  # fmt: skip
+
+    for read in (read_decode, read_extend):
+        assert torch.equal(read(), _by_cast(read))

@@ -83,6 +83,15 @@ def test_a_weight_update_is_rounded_again_in_place(arch: str) -> None:
     assert torch.all(o_proj == 0.3125)
 
 
+def test_a_weight_update_that_is_not_finite_is_refused_with_its_names() -> None:
+    # The GPU kernels widen e4m3's NaN to a finite value: a NaN weight must not reach them.
+    engine = engine_for(tiny_model("llama", seed=1), SETTINGS)
+    with pytest.raises(ValueError, match=r"1 weight\(s\) hold NaN or inf \(.*o_proj.*diverged"):
+        engine.update_weights(
+            lambda m: m.get_decoder().layers[0].self_attn.o_proj.weight[3, 5].fill_(float("nan"))
+        )
+
+
 def test_unknown_quantization_and_unquantizable_models_are_refused() -> None:
     with pytest.raises(ValueError, match="weight_quantization must be one of"):
         EngineConfig(weight_quantization="int4")

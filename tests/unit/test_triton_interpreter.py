@@ -40,3 +40,4 @@ def test_kernels_match_twins_in_the_interpreter_and_compile_for_the_gpu(tmp_path
     )  # fmt: skip
     assert compiled.returncode == 0, compiled.stdout + compiled.stderr
     assert "distinct launches for sm_90" in compiled.stdout
+    assert "bf16 twins of the FP8 launches to sm_90 cubins" in compiled.stdout

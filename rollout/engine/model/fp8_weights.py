@@ -87,8 +87,16 @@ class Fp8Weights:
         start = time.perf_counter()
         for w in self.weights:
             round_to_fp8_(w.weight, w.q, w.scale)
-        if self.weights and self.weights[0].weight.is_cuda:
-            torch.cuda.current_stream().synchronize()
+        # One host sync for all: the decode kernels widen e4m3's NaN to a finite value
+        # (triton_fp8_widen), so a weight that is not finite is refused here, not served.
+        finite = [torch.isfinite(w.weight).all() for w in self.weights]
+        if finite and not bool(torch.stack(finite).all()):
+            bad = [w.name for w, ok in zip(self.weights, finite, strict=True) if not ok]
+            raise ValueError(
+                f"weight_quantization='fp8': {len(bad)} weight(s) hold NaN or inf ("
+                f"{', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); a diverged training "
+                "step? Check the trainer's loss and gradients before syncing these weights."
+            )
         self.last_round_s = time.perf_counter() - start
         return self.last_round_s
 

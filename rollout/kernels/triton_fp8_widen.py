@@ -1,0 +1,82 @@
+"""e4m3 widened to bf16 inside the kernels that read FP8 (the decode GEMM, the MoE experts, the
+KV cache), with integer ops and one bf16 multiply per two values instead of Triton's own cast.
+
+Triton lowers `x.to(tl.bfloat16)` of an e4m3 tensor to the GPU's conversion instructions, one
+F2FP (e4m3x2 to f16x2) per two values and one F2F (f16 to bf16) per value in the compiled
+decode GEMM, which Hopper issues at 16 per clock and SM, a quarter of its 32-bit integer rate
+(CUDA C++ Programming Guide, arithmetic instruction throughput); a decode GEMM or attention tile
+widens every byte it reads, so those conversions, not the memory, set its speed. Here each 32-bit register of four
+e4m3 bytes becomes two registers of bf16 pairs:
+
+- each byte is moved to the high half of a 16-bit lane (`prmt`), so its sign lands on bf16's
+  sign bit, and its 7 exponent-and-mantissa bits are shifted down by 4, onto bf16's exponent's
+  low 4 bits and mantissa's top 3: the bf16 whose exponent field is e4m3's, i.e. the value times
+  2^-120 exactly (e4m3's bias is 7, bf16's 127), subnormals included (both formats' subnormals
+  scale alike);
+- one bf16x2 fused multiply by 2^120 (plus -0, so signed zeros stay) restores the value; bf16
+  arithmetic keeps subnormal inputs, and every product is a normal bf16 of at most 448.
+
+So the result equals the cast for every finite e4m3 value. The one difference: e4m3's NaN
+(0x7F/0xFF) reads as +-480. FP8 weights never hold it (`fp8_weights` refuses non-finite weights),
+and a NaN written to the KV cache comes from a forward whose own logits were already NaN.
+
+Under Triton's interpreter (CPU) and for fp16/fp32 activations the kernels keep the cast.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+FAST_WIDEN = True
+"""Widen with `widen_e4m3`'s integer path where it applies; benchmarks set False to time the cast."""
+
+_WIDEN_BF16 = tl.constexpr(
+    """
+    {
+    .reg .b32 lo, hi, sign, two120, negzero;
+    mov.b32 two120, 0x7B807B80;
+    mov.b32 negzero, 0x80008000;
+    prmt.b32 lo, $2, 0, 0x1404;
+    prmt.b32 hi, $2, 0, 0x3424;
+    and.b32 sign, lo, 0x80008000;
+    shr.b32 lo, lo, 4;
+    and.b32 lo, lo, 0x07F007F0;
+    or.b32 lo, lo, sign;
+    and.b32 sign, hi, 0x80008000;
+    shr.b32 hi, hi, 4;
+    and.b32 hi, hi, 0x07F007F0;
+    or.b32 hi, hi, sign;
+    fma.rn.bf16x2 $0, lo, two120, negzero;
+    fma.rn.bf16x2 $1, hi, two120, negzero;
+    }
+    """
+)
+
+
+@triton.jit
+def widen_e4m3(x, dtype: tl.constexpr, FAST: tl.constexpr):
+    """The e4m3 tensor `x` in `dtype`, exactly; FAST (bf16 only, compiled for an NVIDIA GPU):
+    through the integer path above (`prmt` lanes: bytes 0 and 1 of each register into the first
+    output register's low and high halves, bytes 2 and 3 into the second's)."""
+    if FAST:
+        return tl.inline_asm_elementwise(
+            _WIDEN_BF16, "=r,=r,r", [x.to(tl.uint8, bitcast=True)],
+            dtype=tl.bfloat16, is_pure=True, pack=4,
+        )  # fmt: skip
+    else:
+        return x.to(dtype)
+
+
+def fast_widen(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether a launch for activations of `dtype` on `device` widens through the integer path."""
+    return (
+        FAST_WIDEN
+        and dtype == torch.bfloat16
+        and device.type == "cuda"
+        and torch.version.hip is None
+        and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+    )
