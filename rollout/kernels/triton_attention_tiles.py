@@ -40,8 +40,8 @@ def load_kv_tile(
         scale_row = page.to(tl.int64) * stride_sblock + (offs % PAGE) * stride_sslot + kv_head
         k_scale = tl.load(k_scale_ptr + scale_row, mask=n_mask, other=0.0)
         v_scale = tl.load(v_scale_ptr + scale_row, mask=n_mask, other=0.0)
-        k = widen_e4m3(k, like_ptr.dtype.element_ty, FAST_WIDEN)
-        v = widen_e4m3(v, like_ptr.dtype.element_ty, FAST_WIDEN)
+        k = widen_e4m3(k, like_ptr.dtype.element_ty, FAST_WIDEN, True)
+        v = widen_e4m3(v, like_ptr.dtype.element_ty, FAST_WIDEN, True)
     else:
         k_scale = n_mask.to(tl.float32)
         v_scale = k_scale

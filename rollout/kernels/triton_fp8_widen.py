@@ -58,21 +58,29 @@ _WIDEN_BF16 = tl.constexpr(
 
 
 @triton.jit
-def widen_e4m3(x, dtype: tl.constexpr, FAST: tl.constexpr):
+def widen_e4m3(x, dtype: tl.constexpr, FAST: tl.constexpr, WHERE_LOADED: tl.constexpr):
     """The e4m3 tensor `x` in `dtype`, exactly; FAST (bf16 only, compiled for an NVIDIA GPU):
     through the integer path above (`prmt` lanes: bytes 0 and 1 of each register into the first
-    output register's low and high halves, bytes 2 and 3 into the second's)."""
-    # Not pure, so that Triton keeps it where it is written: the tile widened in the layout it
-    # was loaded in (vector loads) and handed to the MMA in bf16 through shared memory, where
-    # `ldmatrix` transposes the operands that need it. A pure one is moved past that load into
-    # the MMA's operand layout (sm_90 SASS from Triton's assembler, on CPU), where the V tile's
-    # transposed operand is read from shared memory one byte at a time: 1,756 instructions a
-    # decode-attention iteration, against 1,309 so (bf16: 676); the 8-row GEMM's 336 against 294.
+    output register's low and high halves, bytes 2 and 3 into the second's).
+
+    WHERE_LOADED keeps the widening where it is written (not pure): the tile is widened in the
+    layout it was loaded in and handed to the MMA in bf16 through shared memory, where
+    `ldmatrix` transposes the operands that need it. The attention kernels' V tile needs that:
+    widened in the MMA's operand layout instead, its transposed operand is read from shared
+    memory one byte at a time. Otherwise (pure) Triton moves the widening past the
+    shared-memory load into the operand layout, which keeps the GEMMs' asynchronous copies
+    pipelined (a widening where loaded makes the loads synchronous)."""
     if FAST:
-        return tl.inline_asm_elementwise(
-            _WIDEN_BF16, "=r,=r,r", [x.to(tl.uint8, bitcast=True)],
-            dtype=tl.bfloat16, is_pure=False, pack=4,
-        )  # fmt: skip
+        if WHERE_LOADED:
+            return tl.inline_asm_elementwise(
+                _WIDEN_BF16, "=r,=r,r", [x.to(tl.uint8, bitcast=True)],
+                dtype=tl.bfloat16, is_pure=False, pack=4,
+            )  # fmt: skip
+        else:
+            return tl.inline_asm_elementwise(
+                _WIDEN_BF16, "=r,=r,r", [x.to(tl.uint8, bitcast=True)],
+                dtype=tl.bfloat16, is_pure=True, pack=4,
+            )  # fmt: skip
     else:
         return x.to(dtype)
 

@@ -65,7 +65,7 @@ def _decode_linear_kernel(
             other=0.0,
         )
         if FP8:  # e4m3 -> bf16/fp16/fp32 is exact
-            w = widen_e4m3(w, x.dtype, FAST_WIDEN)
+            w = widen_e4m3(w, x.dtype, FAST_WIDEN, False)
         if IEEE:  # fp32 activations (exactness tests): no TF32 rounding
             acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
         else:

@@ -117,8 +117,8 @@ def _gate_up_kernel(
             wg = tl.load(w_gate + offs_k[:, None], mask=w_mask, other=0.0)
             wu = tl.load(w_up + offs_k[:, None], mask=w_mask, other=0.0)
             if FP8:  # e4m3 widens exactly
-                wg = widen_e4m3(wg, x.dtype, FAST_WIDEN)
-                wu = widen_e4m3(wu, x.dtype, FAST_WIDEN)
+                wg = widen_e4m3(wg, x.dtype, FAST_WIDEN, False)
+                wu = widen_e4m3(wu, x.dtype, FAST_WIDEN, False)
             if IEEE:
                 gate = tl.dot(x, wg, gate, input_precision="ieee")
                 up = tl.dot(x, wu, up, input_precision="ieee")
@@ -168,7 +168,7 @@ def _down_kernel(
             )
             w = tl.load(w_cols + offs_k[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0.0)
             if FP8:
-                w = widen_e4m3(w, a.dtype, FAST_WIDEN)
+                w = widen_e4m3(w, a.dtype, FAST_WIDEN, False)
             if IEEE:
                 acc = tl.dot(a, w, acc, input_precision="ieee")
             else:
