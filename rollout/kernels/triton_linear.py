@@ -143,12 +143,12 @@ def supported(weight: torch.Tensor) -> bool:
     )
 
 
-# Where reading the FP8 weight pays (bench_gemm.py --sweep on one H200, Qwen3-8B's shapes, best
-# tiles of each kernel; docs/performance.md): at 1-8 rows the wide outputs gain most (gate/up
-# 24,576 x 4,096: 39 against 49-50 us) and the narrow ones a little with K split in two (q/k/v,
-# o, down: 15.0 / 11.4 / 25.6 against 15.9 / 11.8 / 29.0 us at 8 rows); at 32 rows only the wide
-# outputs gain (gate/up 43.6 against 51.2 us; q/k/v, o and down no faster than bf16). More rows
-# were not measured. Elsewhere the bf16 weight, which holds the same values, is read.
+# Where reading the FP8 weight pays (bench_gemm.py on one H200, Qwen3-8B's shapes, e4m3 widened
+# by triton_fp8_widen; docs/performance.md): at 8 rows every output gains (us, FP8 against the
+# better bf16 GEMM: q/k/v 13.5 / 16.6, o 10.8 / 12.2, gate/up 33.8 / 51.4, down 23.5 / 29.7), the
+# narrow ones with K split in two; at 32 rows only the wide outputs (gate/up 40.2 / 52.0; q/k/v,
+# o and down slower than bf16). More rows were not measured. Elsewhere the bf16 weight, which
+# holds the same values, is read.
 FP8_NARROW_MAX_ROWS = 16
 FP8_MAX_ROWS = 32
 FP8_MIN_COLUMNS = 16384
