@@ -4,6 +4,7 @@ the bf16 weight and over its FP8 form (e4m3, a scale per output row).
     python benchmarks/bench_gemm.py                 # w1's projections (Llama-3-8B shape) at M = 32
     python benchmarks/bench_gemm.py --m 64 --sweep  # also try every tile choice of the Triton kernel
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 8
+    python benchmarks/bench_gemm.py --shapes qwen3-8b --m 64 --fp8-sweep  # FP8 tile choices only
 
 The FP8 kernel is timed twice: widening e4m3 through `triton_fp8_widen`'s integer path (the
 engine's) and through Triton's own cast (`..._cast`), whose outputs must agree bit for bit.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import itertools
 import json
 import sys
@@ -47,6 +49,8 @@ L2_BYTES = 64 << 20  # a little above the H200's 50 MB
 SWEEP = list(itertools.product((32, 64), (128, 256), (4, 6), (1, 2, 4), (4,)))
 FP8_SWEEP = list(itertools.product((16, 32, 64), (128, 256, 512), (3, 4, 6), (1, 2, 4, 8), (4,)))
 FP8_SWEEP += list(itertools.product((32, 64), (256, 512), (4,), (1, 2, 4), (8,)))
+# --fp8-sweep: the FP8 kernel's choices alone, fewer of them, for the crowded steps' 16-128 rows
+FP8_ROWS_SWEEP = list(itertools.product((32, 64), (128, 256), (3, 4), (1, 2, 4), (4, 8)))
 
 
 def time_in_graph(fn, copies: int, replays: int = 20) -> float:
@@ -88,7 +92,9 @@ def widening_by_cast(on: bool = True):
         triton_fp8_widen.FAST_WIDEN = before
 
 
-def measure_shape(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
+def measure_shape(name: str, n: int, k: int, m: int, sweep: str) -> dict:
+    """One projection's timings; `sweep`: "" (the engine's tiles only), "all" (every tile choice
+    of both kernels) or "fp8" (FP8_ROWS_SWEEP)."""
     import torch
 
     from rollout.kernels import triton_linear
@@ -139,14 +145,15 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
         row[f"{label}_tb_per_s"] = nbytes / ms / 1e9
     if sweep:
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        for key, tile_choices, launch_with in (
+        sweeps = [
             ("sweep", SWEEP, lambda i, t: triton_linear.launch(x, weights[i], None, y, *t)),
             (
                 "fp8_sweep",
-                FP8_SWEEP,
+                FP8_SWEEP if sweep == "all" else FP8_ROWS_SWEEP,
                 lambda i, t: triton_linear.launch(x, fp8[i][0], None, y, *t, scale=fp8[i][1]),
             ),
-        ):
+        ]
+        for key, tile_choices, launch_with in sweeps[1:] if sweep == "fp8" else sweeps:
             timed = {}
             for tiles in tile_choices:
                 try:
@@ -165,8 +172,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--m", type=int, default=32, help="rows (running sequences), at most 64")
+    parser.add_argument(
+        "--m", type=int, default=32,
+        help="rows (running sequences); the engine's Triton bf16 GEMM takes at most 64 (cuBLAS above)",
+    )  # fmt: skip
     parser.add_argument("--sweep", action="store_true", help="time every tile choice too")
+    parser.add_argument(
+        "--fp8-sweep",
+        action="store_true",
+        help="time the FP8 kernel's tile choices (FP8_ROWS_SWEEP)",
+    )
     parser.add_argument("--shapes", choices=sorted(SHAPES), default="w1")
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
@@ -182,7 +197,9 @@ def main() -> None:
         " weight bytes (bf16, or FP8 + scales) / time"
     )
     for name, n, k in SHAPES[args.shapes]:
-        row = measure_shape(name, n, k, args.m, args.sweep)
+        row = measure_shape(
+            name, n, k, args.m, "all" if args.sweep else "fp8" if args.fp8_sweep else ""
+        )
         rows.append(row)
         line = (
             f"  {name:8s} N={n:6d} K={k:5d}  cuBLAS {row['cublas_ms'] * 1e3:6.1f} us "
@@ -194,15 +211,21 @@ def main() -> None:
             f" | rel err {row['rel_error']:.1e}, FP8 {row['fp8_rel_error']:.1e}"
         )
         if "sweep_best" in row:
-            best, best8 = row["sweep_best"], row["fp8_sweep_best"]
+            best = row["sweep_best"]
             line += f" | best tiles {best['tiles']} {best['ms'] * 1e3:.1f} us"
-            line += f", FP8 {best8['tiles']} {best8['ms'] * 1e3:.1f} us"
+        if "fp8_sweep_best" in row:
+            best8 = row["fp8_sweep_best"]
+            line += f" | best FP8 tiles {best8['tiles']} {best8['ms'] * 1e3:.1f} us"
             line += f" (unsplit {row['fp8_sweep_best_unsplit']['ms'] * 1e3:.1f} us)"
         print(line, flush=True)
         torch.cuda.empty_cache()
     if args.json_out:
+        from benchmarks.lib.report import commit_id
+
+        run = {"commit": commit_id(), "date": datetime.date.today().isoformat()}
+        run["device"] = torch.cuda.get_device_name()
         Path(args.json_out).write_text(
-            json.dumps({"m": args.m, "shapes": args.shapes, "gemms": rows}, indent=2)
+            json.dumps({**run, "m": args.m, "shapes": args.shapes, "gemms": rows}, indent=2)
         )
 
 
