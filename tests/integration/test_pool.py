@@ -13,26 +13,6 @@ from tests.conftest import random_prompts, tiny_model
 ray = pytest.importorskip("ray")
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(
-        address="local",
-        num_cpus=4,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-    )
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model("llama", seed=4).save_pretrained(path)
-    return str(path)
-
-
 def _config(model_dir: str, **overrides) -> EngineConfig:
     settings = dict(
         model=model_dir, device="cpu", dtype="float32", max_model_len=128, block_size=8,

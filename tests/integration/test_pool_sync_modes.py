@@ -19,26 +19,6 @@ ray = pytest.importorskip("ray")
 BUCKET_BYTES = 16 << 10  # several buckets for the tiny model
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(
-        address="local",
-        num_cpus=4,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-    )
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model("llama", seed=4).save_pretrained(path)
-    return str(path)
-
-
 class _Gathering:
     """Stands in for a sharded trainer: each tensor is made (as `full_tensor()` would) when it
     is pulled. Records pulls and the trainer's broadcasts in one timeline, with how many pulled
