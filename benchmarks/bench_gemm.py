@@ -49,7 +49,7 @@ L2_BYTES = 64 << 20  # a little above the H200's 50 MB
 SWEEP = list(itertools.product((32, 64), (128, 256), (4, 6), (1, 2, 4), (4,)))
 FP8_SWEEP = list(itertools.product((16, 32, 64), (128, 256, 512), (3, 4, 6), (1, 2, 4, 8), (4,)))
 FP8_SWEEP += list(itertools.product((32, 64), (256, 512), (4,), (1, 2, 4), (8,)))
-# --fp8-sweep: the FP8 kernel's choices alone, fewer of them, for the crowded steps' 16-128 rows
+# --fp8-sweep: the FP8 kernel's choices alone, fewer of them, at 8 to 128 rows
 FP8_ROWS_SWEEP = list(itertools.product((32, 64), (128, 256), (3, 4), (1, 2, 4), (4, 8)))
 
 

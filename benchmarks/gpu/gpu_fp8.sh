@@ -3,7 +3,7 @@
 #   tests    the GPU tests (all of tests/gpu, or GPU_TESTS): over 10 minutes on one H200, so
 #            tests1 (engine, FP8, attention kernels) and tests2 (the rest) fit one call each
 #   gemm     the decode GEMMs of the Qwen3-8B shape: cuBLAS bf16, Triton bf16, Triton FP8
-#   gemm-sweep  the FP8 GEMM's tile choices at the crowded steps' rows (SWEEP_ROWS: 16 32 64 128)
+#   gemm-sweep  the FP8 GEMM's tile choices, tail to crowded steps (SWEEP_ROWS: 8 16 32 64 128)
 #   w1       qwen3-8b-w1 (32 x (256 + 2048)), bf16 then FP8 weights
 #   grpo     the grpo workload on the Qwen3-8B shape, bf16 then FP8 weights
 #   grpo-moe the grpo workload on the Qwen3-30B-A3B shape (GRPO_MOE_ARGS), bf16 then FP8
@@ -53,7 +53,7 @@ for part in "$@"; do
           ${GEMM_ARGS:-} --json-out "$OUT_DIR/gemm_qwen3-8b_m$m.json"
       done ;;
     gemm-sweep)
-      for m in ${SWEEP_ROWS:-16 32 64 128}; do
+      for m in ${SWEEP_ROWS:-8 16 32 64 128}; do
         run "gemm_fp8_sweep_qwen3-8b_m$m" ${GEMM_TIMEOUT:-150} benchmarks/bench_gemm.py --shapes qwen3-8b \
           --m $m --fp8-sweep --json-out "$OUT_DIR/gemm_fp8_sweep_qwen3-8b_m$m.json"
       done ;;
