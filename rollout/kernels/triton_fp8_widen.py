@@ -71,16 +71,10 @@ def widen_e4m3(x, dtype: tl.constexpr, FAST: tl.constexpr, WHERE_LOADED: tl.cons
     shared-memory load into the operand layout, which keeps the GEMMs' asynchronous copies
     pipelined (a widening where loaded makes the loads synchronous)."""
     if FAST:
-        if WHERE_LOADED:
-            return tl.inline_asm_elementwise(
-                _WIDEN_BF16, "=r,=r,r", [x.to(tl.uint8, bitcast=True)],
-                dtype=tl.bfloat16, is_pure=False, pack=4,
-            )  # fmt: skip
-        else:
-            return tl.inline_asm_elementwise(
-                _WIDEN_BF16, "=r,=r,r", [x.to(tl.uint8, bitcast=True)],
-                dtype=tl.bfloat16, is_pure=True, pack=4,
-            )  # fmt: skip
+        return tl.inline_asm_elementwise(
+            _WIDEN_BF16, "=r,=r,r", [x.to(tl.uint8, bitcast=True)],
+            dtype=tl.bfloat16, is_pure=not WHERE_LOADED, pack=4,
+        )  # fmt: skip
     else:
         return x.to(dtype)
 
