@@ -404,6 +404,13 @@ def test_lora_syncs_only_the_adapter_and_writes_the_merged_model(
     from trainers.job import run_job
     from trainers.job.config_loading import load_config
 
+    # rewards that differ within every group of two, whatever was sampled: a nonzero advantage,
+    # so the adapter's B (zero at start) moves and the merged model differs from the base
+    rewards = tmp_path / "alternate.py"
+    rewards.write_text(
+        "def alternate(prompts, completions, **kw):\n"
+        "    return [float(i % 2) for i in range(len(completions))]\n"
+    )
     out = tmp_path / "run"
     summary = run_job(
         load_config(
@@ -412,6 +419,7 @@ def test_lora_syncs_only_the_adapter_and_writes_the_merged_model(
                 out,
                 policy_dir,
                 prompts_file,
+                f"rewards=[{rewards}:alternate]",
                 "trainer.lora.r=4",
                 "trainer.learning_rate=1e-2",
                 f"trainer.num_processes={ranks}",
