@@ -509,6 +509,12 @@ def main(argv: list[str] | None = None) -> None:
         metavar="KEY=VALUE",
         help="an EngineConfig override for the engine runs, e.g. --engine triton_linear=false",
     )
+    parser.add_argument(
+        "--fp8-kv-tiles",
+        choices=("bf16", "fp16"),
+        default=None,
+        help="what a bf16 model widens an FP8 KV cache's tiles to (default: the engine's choice)",
+    )
     parser.add_argument("--profile-steps", type=int, default=0, help="kernel profile of N steps")
     parser.add_argument("--deadline-s", type=float, default=0.0, help="stop each run after this")
     parser.add_argument("--json-out", default="")
@@ -522,6 +528,10 @@ def main(argv: list[str] | None = None) -> None:
         )
     args = parser.parse_args(argv)
     args.engine_overrides = _engine_overrides(args.engine)
+    if args.fp8_kv_tiles:
+        from rollout.kernels import triton_attention_tiles
+
+        triton_attention_tiles.FP8_KV_F16_TILES = args.fp8_kv_tiles == "fp16"
 
     import torch
 

@@ -239,6 +239,49 @@ def check_fp8_kv() -> float:
     return worst
 
 
+def check_fp8_kv_f16_tiles() -> float:
+    """bf16 queries over an FP8 cache through fp16 tiles (`triton_attention_tiles.f16_tiles`):
+    decode and extend within one bf16 unit of the fp32 twin's result plus fp16's rounding of
+    the probabilities (2^-10 of the same sum over |values|), with query rows from 1e-4 to 1e6
+    (past fp16's range: the per-row query scale) and a KV head whose values are near 1e-7 (their
+    scales far below fp16's normal range: the tile's value scale). Returns by how much the
+    largest error exceeds that bound (0 within it)."""
+    from rollout.kernels import triton_attention_tiles as tiles
+
+    worst = 0.0
+    before, tiles.FP8_KV_F16_TILES = tiles.FP8_KV_F16_TILES, True
+    try:
+        for seq_lens, query_lens in (([1, 17, 600, 130], [1] * 4), ([70, 5, 130], [70, 1, 65])):
+            case = make_case(seq_lens, query_lens, 2, 4, 64, 16, torch.float32, "cpu")
+            case["query"] *= torch.logspace(-4, 6, case["query"].shape[1])[None, :, None]
+            case["v_cache"][:, :, 1] *= 1e-7
+            case = with_fp8_cache(case)
+            query = case["query"].to(torch.bfloat16)
+            if max(query_lens) == 1:
+                got = kernels.decode_attention(
+                    query, case["k_cache"], case["v_cache"], case["block_tables"],
+                    case["seq_lens"], case["scale"], 1024,
+                    kernels.DecodeTiles(split_len=256, block_n=64), kv_scales=case["kv_scales"],
+                )  # fmt: skip
+            else:
+                got = kernels.extend_attention(
+                    query, case["k_cache"], case["v_cache"], case["block_tables"],
+                    case["query_start_loc"], case["seq_lens"], case["q_block_seq"],
+                    case["q_block_start"], case["scale"], kv_scales=case["kv_scales"],
+                )  # fmt: skip
+            exact = dict(case, query=query.float())
+            want = _reference(exact, kv_scales=case["kv_scales"])
+            magnitudes = (case["v_cache"].view(torch.uint8) & 0x7F).view(case["v_cache"].dtype)
+            sums = _reference(dict(exact, v_cache=magnitudes), kv_scales=case["kv_scales"])
+            bound = 2**-7 * want.abs() + 2**-10 * sums
+            if torch.isnan(got).any():
+                return float("inf")
+            worst = max(worst, ((got.float() - want).abs() / bound).max().item() - 1.0)
+    finally:
+        tiles.FP8_KV_F16_TILES = before
+    return max(worst, 0.0)
+
+
 def check_decode_linear() -> float:
     g = torch.Generator().manual_seed(0)
     worst = 0.0
@@ -414,6 +457,7 @@ if __name__ == "__main__":
         ("verification rows in the decode kernel", check_verification),
         ("write_kv", check_write_kv),
         ("FP8 KV cache: write, decode, extend", check_fp8_kv),
+        ("FP8 KV cache through fp16 tiles (excess over bf16's rounding)", check_fp8_kv_f16_tiles),
         ("decode_linear", check_decode_linear),
         ("fp8_linear", check_fp8_linear),
         ("fused_experts", check_fused_experts),

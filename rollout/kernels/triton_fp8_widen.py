@@ -20,7 +20,9 @@ So the result equals the cast for every finite e4m3 value. The one difference: e
 (0x7F/0xFF) reads as +-480. FP8 weights never hold it (`fp8_weights` refuses non-finite weights),
 and a NaN written to the KV cache comes from a forward whose own logits were already NaN.
 
-Under Triton's interpreter (CPU) and for fp16/fp32 activations the kernels keep the cast.
+Under Triton's interpreter (CPU) and for fp16/fp32 activations the kernels keep the cast. The
+attention tiles of an FP8 cache may widen to fp16 under bf16 activations instead
+(`triton_attention_tiles.f16_tiles`): that takes one conversion a pair and no integer work.
 """
 
 from __future__ import annotations
@@ -57,11 +59,27 @@ _WIDEN_BF16 = tl.constexpr(
 )
 
 
+# fp16 needs no integer path: the GPU's own conversion (one F2FP per two values) gives fp16
+# directly, with no second conversion. Written out so that the attention tiles can keep it
+# where the tile is loaded (`WHERE_LOADED`), as the cast cannot be.
+_WIDEN_F16 = tl.constexpr(
+    """
+    {
+    .reg .b16 lo, hi;
+    mov.b32 {lo, hi}, $2;
+    cvt.rn.f16x2.e4m3x2 $0, lo;
+    cvt.rn.f16x2.e4m3x2 $1, hi;
+    }
+    """
+)
+
+
 @triton.jit
 def widen_e4m3(x, dtype: tl.constexpr, FAST: tl.constexpr, WHERE_LOADED: tl.constexpr):
-    """The e4m3 tensor `x` in `dtype`, exactly; FAST (bf16 only, compiled for an NVIDIA GPU):
-    through the integer path above (`prmt` lanes: bytes 0 and 1 of each register into the first
-    output register's low and high halves, bytes 2 and 3 into the second's).
+    """The e4m3 tensor `x` in `dtype`, exactly; FAST (bf16 or fp16, compiled for an NVIDIA GPU):
+    bf16 through the integer path above (`prmt` lanes: bytes 0 and 1 of each register into the
+    first output register's low and high halves, bytes 2 and 3 into the second's), fp16 through
+    the conversion instruction (NaN stays NaN there).
 
     WHERE_LOADED keeps the widening where it is written (not pure): the tile is widened in the
     layout it was loaded in and handed to the MMA in bf16 through shared memory once more,
@@ -70,7 +88,12 @@ def widen_e4m3(x, dtype: tl.constexpr, FAST: tl.constexpr, WHERE_LOADED: tl.cons
     shared memory one byte at a time. Otherwise (pure) Triton moves the widening past the
     shared-memory load into the operand layout: no second trip through shared memory, and in
     the decode GEMM half the registers (72 a thread against 136, compiled for sm_90)."""
-    if FAST:
+    if FAST and dtype == tl.float16:
+        return tl.inline_asm_elementwise(
+            _WIDEN_F16, "=r,=r,r", [x.to(tl.uint8, bitcast=True)],
+            dtype=tl.float16, is_pure=not WHERE_LOADED, pack=4,
+        )  # fmt: skip
+    elif FAST:
         return tl.inline_asm_elementwise(
             _WIDEN_BF16, "=r,=r,r", [x.to(tl.uint8, bitcast=True)],
             dtype=tl.bfloat16, is_pure=not WHERE_LOADED, pack=4,

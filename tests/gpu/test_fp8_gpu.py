@@ -4,6 +4,8 @@ and a weight update is rounded again in place under captured graphs."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import triton
@@ -263,23 +265,29 @@ def _widen_kernel(
     COLS: tl.constexpr,
 ):  # fmt: skip
     offs = tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
-    tl.store(y_ptr + offs, widen_e4m3(tl.load(x_ptr + offs), tl.bfloat16, FAST, WHERE_LOADED))
+    dtype = y_ptr.dtype.element_ty
+    tl.store(y_ptr + offs, widen_e4m3(tl.load(x_ptr + offs), dtype, FAST, WHERE_LOADED))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("where_loaded", [True, False])
-def test_the_integer_widening_is_the_cast_for_every_e4m3_value(where_loaded: bool) -> None:
+def test_the_fast_widening_is_the_cast_for_every_e4m3_value(where_loaded: bool, dtype) -> None:
+    """bf16 by integer ops, fp16 by the conversion instruction, both placements."""
     from rollout.kernels.torch_fp8 import FP8_DTYPE
 
     # every byte once, then random bytes: the tile's per-thread packing of four values
     codes = torch.cat([torch.arange(256), torch.randint(0, 256, (64 * 128 - 256,))])
     x = codes.to(torch.uint8).cuda().view(FP8_DTYPE)
-    got = torch.empty(64 * 128, device="cuda", dtype=torch.bfloat16)
+    got = torch.empty(64 * 128, device="cuda", dtype=dtype)
     _widen_kernel[(1,)](x, got, FAST=True, WHERE_LOADED=where_loaded, ROWS=64, COLS=128)
-    want = x.to(torch.bfloat16)
+    want = x.to(dtype)
     nan = want.isnan()
     assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))  # -0 too
-    # e4m3's NaN (0x7F, 0xFF) reads as +-480, which weights never hold (refused when rounded)
-    assert set(got[nan].float().abs().tolist()) == {480.0}
+    if dtype == torch.float16:
+        assert got[nan].isnan().all()
+    else:
+        # e4m3's NaN (0x7F, 0xFF) reads as +-480, which weights never hold (refused when rounded)
+        assert set(got[nan].float().abs().tolist()) == {480.0}
 
 
 def _by_cast(run):
@@ -348,4 +356,92 @@ def test_fp8_kernels_give_the_same_bits_widening_either_way() -> None:
     for read in (read_decode, read_extend):
         if not torch.equal(read(), _by_cast(read)):
             differ.append(read.__name__)
+        with _fp16_tiles():
+            if not torch.equal(read(), _by_cast(read)):
+                differ.append(f"{read.__name__}, fp16 tiles")
     assert not differ
+
+
+@contextlib.contextmanager
+def _fp16_tiles():
+    from rollout.kernels import triton_attention_tiles
+
+    before = triton_attention_tiles.FP8_KV_F16_TILES
+    triton_attention_tiles.FP8_KV_F16_TILES = True
+    try:
+        yield
+    finally:
+        triton_attention_tiles.FP8_KV_F16_TILES = before
+
+
+@pytest.mark.parametrize(
+    "tiles", [{}, dict(num_warps=8, num_stages=2), dict(block_n=64)], ids=["default", "8w", "64"]
+)
+def test_fp16_tiles_read_an_fp8_cache_within_bf16s_rounding(tiles) -> None:
+    """Decode (at the launch choices bench_attention.py times) and extend, bf16 queries over an
+    FP8 cache through fp16 tiles: within one bf16 unit of the fp32 twin's result plus fp16's
+    rounding of the probabilities (2^-10 of the same sum over |values|), with query rows from
+    1e-4 to 1e6 (past fp16's range) and a KV head of values near 1e-7 (scales far below fp16's
+    normal range)."""
+    import dataclasses
+
+    from rollout.kernels import triton_paged_attention as kernels
+    from tests.kernel_cases import make_case, with_fp8_cache
+
+    for seq_lens, query_lens in (([1, 700, 4000, 129], [1] * 4), ([300, 70, 5], [300, 7, 1])):
+        case = make_case(seq_lens, query_lens, 8, 4, 128, 16, torch.float32, "cuda")
+        case["query"] *= torch.logspace(-4, 6, 32, device="cuda")[None, :, None]
+        case["v_cache"][:, :, 3] *= 1e-7
+        case = with_fp8_cache(case)
+        query = case["query"].to(torch.bfloat16)
+        with _fp16_tiles():
+            if max(query_lens) == 1:
+                got = kernels.decode_attention(
+                    query, case["k_cache"], case["v_cache"], case["block_tables"],
+                    case["seq_lens"], case["scale"], 4096,
+                    dataclasses.replace(kernels.DECODE_TILES, **tiles),
+                    kv_scales=case["kv_scales"],
+                )  # fmt: skip
+            else:
+                got = kernels.extend_attention(
+                    query, case["k_cache"], case["v_cache"], case["block_tables"],
+                    case["query_start_loc"], case["seq_lens"], case["q_block_seq"],
+                    case["q_block_start"], case["scale"], kv_scales=case["kv_scales"],
+                )  # fmt: skip
+        exact = dict(case, query=query.float())
+        want = _twin_attention(exact)
+        magnitudes = (case["v_cache"].view(torch.uint8) & 0x7F).view(case["v_cache"].dtype)
+        bound = 2**-7 * want.abs() + 2**-10 * _twin_attention(dict(exact, v_cache=magnitudes))
+        assert not got.isnan().any()
+        assert ((got.float() - want).abs() <= bound).all()
+
+
+def _twin_attention(case: dict) -> torch.Tensor:
+    from rollout.kernels import torch_paged_attention as twin
+
+    return twin.paged_attention(
+        case["query"], case["k_cache"], case["v_cache"], case["block_tables"],
+        case["query_start_loc_host"], case["seq_lens_host"], case["scale"],
+        kv_scales=case["kv_scales"],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("kv_tiles", ["bf16", "fp16"])
+def test_graphs_equal_eager_with_an_fp8_kv_cache_read_through(kv_tiles: str) -> None:
+    from rollout.kernels import triton_attention_tiles
+
+    before = triton_attention_tiles.FP8_KV_F16_TILES
+    triton_attention_tiles.FP8_KV_F16_TILES = kv_tiles == "fp16"
+    try:
+        model = tiny_model("qwen3").to("cuda", torch.bfloat16)
+        sampled = SamplingParams(max_tokens=40, temperature=1.0, n=2, seed=3)
+        settings = dict(
+            num_kv_blocks=200, dtype="bfloat16", weight_quantization="none", kv_cache_dtype="fp8"
+        )
+        graphed = engine_for(model, ON_GPU, **settings)
+        a = graphed.generate(PROMPTS, sampled)
+        assert graphed.stats().cuda_graphs > 0
+        b = engine_for(model, ON_GPU, cuda_graphs=False, **settings).generate(PROMPTS, sampled)
+        assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    finally:
+        triton_attention_tiles.FP8_KV_F16_TILES = before
