@@ -17,9 +17,9 @@ launches (one per layer of an 8B model) over the number of launches, as the engi
 (bench_gemm's `time_in_graph`); do_bench's per-call timing would add the host's launch time to
 kernels of a few microseconds. With --fp8-kv each point times the bf16 cache at the default
 launch beside an FP8 cache (e4m3, a scale per token and KV head, as the engine stores it) at the
-default and a few other launch choices, the FP8 cache's bytes counted for its bandwidth; "(cast)"
-widens e4m3 by Triton's cast instead of `triton_fp8_widen`'s integer path, "fp16 tiles" widens
-it to fp16 (`triton_attention_tiles.f16_tiles`) instead of to the query's bf16.
+default and a few other launch choices, the FP8 cache's bytes counted for its bandwidth; "fp16
+tiles" widens e4m3 to fp16 (`triton_attention_tiles.f16_tiles`) instead of to the query's bf16,
+"fp16 K" only the keys.
 """
 
 from __future__ import annotations
@@ -160,16 +160,19 @@ def sweep_decode_tiles(paged, kv_bytes: int) -> list[dict]:
 
 
 @contextlib.contextmanager
-def fp16_tiles(on: bool):
-    """Launches inside read an FP8 cache through fp16 tiles (the graph keeps what it captured)."""
+def fp8_kv_tiles(choice: str):
+    """Launches inside read an FP8 cache through the tiles a choice's name says ("fp16 tiles",
+    "fp16 K", else bf16; the graph keeps what it captured)."""
     from rollout.kernels import triton_attention_tiles
 
-    before = triton_attention_tiles.FP8_KV_F16_TILES
-    triton_attention_tiles.FP8_KV_F16_TILES = on
+    before = triton_attention_tiles.FP8_KV_TILES
+    triton_attention_tiles.FP8_KV_TILES = (
+        "fp16" if "fp16 tiles" in choice else "fp16 K" if "fp16 K" in choice else "bf16"
+    )
     try:
         yield
     finally:
-        triton_attention_tiles.FP8_KV_F16_TILES = before
+        triton_attention_tiles.FP8_KV_TILES = before
 
 
 def sweep_regimes(args) -> list[dict]:
@@ -179,7 +182,7 @@ def sweep_regimes(args) -> list[dict]:
 
     import torch
 
-    from benchmarks.bench_gemm import time_in_graph, widening_by_cast
+    from benchmarks.bench_gemm import time_in_graph
     from rollout.kernels import triton_decode_attention as decode
     from rollout.kernels import triton_paged_attention as kernels
     from rollout.kernels.torch_fp8 import quantize_kv
@@ -189,25 +192,24 @@ def sweep_regimes(args) -> list[dict]:
     base = decode.DECODE_TILES
     up_to_512 = dataclasses.replace(base, full_batch_split_len=0)
     if args.fp8_kv:
+        full_batch_2048 = dataclasses.replace(base, full_batch_split_len=2048)
         choices = {
             "bf16 KV": base,
             "FP8 KV": base,
-            "FP8 KV (cast)": base,
-            "FP8, up to 2048 at a full batch": dataclasses.replace(base, full_batch_split_len=2048),
-            "FP8, 2 stages": dataclasses.replace(base, num_stages=2),
-            # More warps an SM: with 8 warps and 2 stages two programs still fit an SM's
-            # registers (104 a thread, compiled for sm_90), 16 warps against the default's 8
-            "FP8, 8 warps, 2 stages": dataclasses.replace(base, num_warps=8, num_stages=2),
-            # Three programs an SM (152 registers, 54 KB), half the bytes a tile
-            "FP8, 64-token tiles": dataclasses.replace(base, block_n=64),
-            # One conversion instruction per two values instead of five integer ones: 868
-            # instructions a tile and warp in the loop against 1,309 (bf16's: 676), compiled
-            # for sm_90; 186 registers, two programs an SM
+            "FP8, up to 2048 at a full batch": full_batch_2048,
+            # fp16 tiles: one conversion instruction per two values instead of five integer
+            # ones, 868 instructions a tile and warp in the loop against 1,309 (bf16 KV's: 676),
+            # compiled for sm_90; 186 registers, two programs an SM, as the default's
             "FP8, fp16 tiles": base,
+            "FP8, fp16 tiles, up to 2048 at a full batch": full_batch_2048,
+            "FP8, fp16 tiles, 2 stages": dataclasses.replace(base, num_stages=2),
+            "FP8, fp16 tiles, 2 warps": dataclasses.replace(base, num_warps=2),
+            # 108 registers: 16 warps an SM
             "FP8, fp16 tiles, 8 warps, 2 stages": dataclasses.replace(
                 base, num_warps=8, num_stages=2
-            ),  # 108 registers: 16 warps an SM
-            "FP8, fp16 tiles, 64-token tiles": dataclasses.replace(base, block_n=64),  # 152
+            ),
+            # K by the conversion unit, V by the integer one: 1,072 instructions
+            "FP8, fp16 K": base,
         }
     else:
         choices = {
@@ -252,7 +254,7 @@ def sweep_regimes(args) -> list[dict]:
                 decode.decode_attention, *(fp8_inputs if fp8 else inputs), tiles,
                 kv_scales=(k_scale, v_scale) if fp8 else None,
             )  # fmt: skip
-            with widening_by_cast(name.endswith("(cast)")), fp16_tiles("fp16 tiles" in name):
+            with fp8_kv_tiles(name):
                 us = 1e3 * time_in_graph(lambda i, run=run: run(), copies=36)
             read = fp8_kv_bytes if fp8 else kv_bytes
             rows.append({"point": point, "choice": name, "tiles": vars(tiles), "us": us,

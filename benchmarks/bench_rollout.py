@@ -511,9 +511,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--fp8-kv-tiles",
-        choices=("bf16", "fp16"),
+        choices=("bf16", "fp16", "fp16-k"),
         default=None,
-        help="what a bf16 model widens an FP8 KV cache's tiles to (default: the engine's choice)",
+        help="what a bf16 model widens an FP8 KV cache's tiles to, fp16-k: K only (default: the "
+        "engine's choice)",
     )
     parser.add_argument("--profile-steps", type=int, default=0, help="kernel profile of N steps")
     parser.add_argument("--deadline-s", type=float, default=0.0, help="stop each run after this")
@@ -531,7 +532,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.fp8_kv_tiles:
         from rollout.kernels import triton_attention_tiles
 
-        triton_attention_tiles.FP8_KV_F16_TILES = args.fp8_kv_tiles == "fp16"
+        triton_attention_tiles.FP8_KV_TILES = args.fp8_kv_tiles.replace("-k", " K")
 
     import torch
 

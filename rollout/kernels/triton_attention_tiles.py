@@ -9,19 +9,24 @@ import triton.language as tl
 
 from rollout.kernels.triton_fp8_widen import widen_e4m3
 
-FP8_KV_F16_TILES = False
-"""Whether bf16 activations read an FP8 cache through fp16 tiles (`f16_tiles`); benchmarks
-set it to compare."""
+FP8_KV_TILES = "bf16"
+"""What bf16 activations widen an FP8 cache's tiles to (`f16_tiles`): "bf16", "fp16" (K and V)
+or "fp16 K" (V in bf16); benchmarks set it to compare."""
 
 
-def f16_tiles(query: torch.Tensor, fp8_kv: bool) -> bool:
-    """Whether a launch over an FP8 cache widens its tiles to fp16 rather than to the query's
-    bf16: e4m3 -> fp16 is one conversion instruction per two values on NVIDIA GPUs, e4m3 -> bf16
-    five integer instructions (`triton_fp8_widen`), and an attention tile widens every byte it
-    reads. The query then enters the score dot in fp16 scaled by a power of two per row
-    (`query_for_tiles`: the same scores) and the probabilities enter the value dot in fp16
-    (`fold_tile`: 3 more bits than bf16)."""
-    return FP8_KV_F16_TILES and fp8_kv and query.dtype == torch.bfloat16
+def f16_tiles(query: torch.Tensor, fp8_kv: bool) -> tuple[bool, bool]:
+    """Whether a launch over an FP8 cache widens its K and its V tiles to fp16 rather than to the
+    query's bf16. e4m3 -> fp16 is one conversion instruction per two values on NVIDIA GPUs,
+    e4m3 -> bf16 five integer ones (`triton_fp8_widen`), and an attention tile widens every byte
+    it reads; the two run on different units, so K in fp16 and V in bf16 splits the work between
+    them. K in fp16: the query enters the score dot in fp16, scaled by a power of two per row
+    (`query_for_tiles`: the same scores). V in fp16: the probabilities enter the value dot in
+    fp16 (`fold_tile`: 3 more bits than bf16)."""
+    if not fp8_kv or query.dtype != torch.bfloat16 or FP8_KV_TILES == "bf16":
+        return False, False
+    if FP8_KV_TILES not in ("fp16", "fp16 K"):
+        raise ValueError(f"FP8_KV_TILES is {FP8_KV_TILES!r}: 'bf16', 'fp16' or 'fp16 K'")
+    return True, FP8_KV_TILES == "fp16"
 
 
 def dot_precision(query: torch.Tensor) -> str:
@@ -35,12 +40,12 @@ def load_kv_tile(
     k_cache_ptr, v_cache_ptr, block_table_ptr, offs, n_mask, d, d_mask, kv_head,
     stride_cblock, stride_cslot, stride_chead, PAGE: tl.constexpr,
     k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, like_ptr, FP8_KV: tl.constexpr,
-    FAST_WIDEN: tl.constexpr, F16_TILES: tl.constexpr,
+    FAST_WIDEN: tl.constexpr, K_F16: tl.constexpr, V_F16: tl.constexpr,
 ):  # fmt: skip
     """K and V at context positions `offs` of the sequence whose block-table row starts at
     `block_table_ptr`: [len(offs), BLOCK_D] each, zeros where `n_mask` or `d_mask` is off, and
     their (token, head) scales [len(offs)]. An FP8 cache's bytes are widened into `like_ptr`'s
-    dtype (fp16 with F16_TILES) unscaled: the caller multiplies the scores by the K scales (`scale_scores`) and the
+    dtype (K into fp16 with K_F16, V with V_F16) unscaled: the caller multiplies the scores by the K scales (`scale_scores`) and the
     probabilities by the V scales (`fold_tile`), a few multiplies a token instead of three
     conversions an element, and exact as the scales are powers of two. Without an FP8 cache the
     scales are never used (and compiled away)."""
@@ -54,11 +59,13 @@ def load_kv_tile(
         scale_row = page.to(tl.int64) * stride_sblock + (offs % PAGE) * stride_sslot + kv_head
         k_scale = tl.load(k_scale_ptr + scale_row, mask=n_mask, other=0.0)
         v_scale = tl.load(v_scale_ptr + scale_row, mask=n_mask, other=0.0)
-        if F16_TILES:
+        if K_F16:
             k = widen_e4m3(k, tl.float16, FAST_WIDEN, True)
-            v = widen_e4m3(v, tl.float16, FAST_WIDEN, True)
         else:
             k = widen_e4m3(k, like_ptr.dtype.element_ty, FAST_WIDEN, True)
+        if V_F16:
+            v = widen_e4m3(v, tl.float16, FAST_WIDEN, True)
+        else:
             v = widen_e4m3(v, like_ptr.dtype.element_ty, FAST_WIDEN, True)
     else:
         k_scale = n_mask.to(tl.float32)
@@ -67,13 +74,13 @@ def load_kv_tile(
 
 
 @triton.jit
-def query_for_tiles(q, F16_TILES: tl.constexpr):
-    """(q as the score dot takes it, each row's factor back [rows]). With F16_TILES each row of
+def query_for_tiles(q, K_F16: tl.constexpr):
+    """(q as the score dot takes it, each row's factor back [rows]). With K_F16 each row of
     `q` times the power of two that brings its largest magnitude into [2^14, 2^15), in fp16:
     exact for every element above 2^-29 of that largest (fp16's normal range; bf16 has fewer
     mantissa bits), no overflow, and the fp32 products and sums of the dot are the unscaled
     ones times that power of two, which the factor back removes exactly."""
-    if F16_TILES:
+    if K_F16:
         amax = tl.max(tl.abs(q.to(tl.float32)), 1)
         exponent = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2 amax)
         up = tl.minimum(tl.maximum(14 - exponent, -126), 126)
@@ -85,10 +92,10 @@ def query_for_tiles(q, F16_TILES: tl.constexpr):
 
 
 @triton.jit
-def scale_scores(qk, k_scale, q_back, FP8_KV: tl.constexpr, F16_TILES: tl.constexpr):
+def scale_scores(qk, k_scale, q_back, FP8_KV: tl.constexpr, K_F16: tl.constexpr):
     """The scores [rows, tile] of an FP8 tile's unscaled keys times each key's scale (and with
-    F16_TILES each row's factor back from `query_for_tiles`)."""
-    if F16_TILES:
+    K_F16 each row's factor back from `query_for_tiles`)."""
+    if K_F16:
         qk = qk * q_back[:, None]
     if FP8_KV:
         qk = qk * k_scale[None, :]
@@ -146,13 +153,13 @@ def kv_scale_args(k_cache: torch.Tensor, kv_scales) -> tuple:
 @triton.jit
 def fold_tile(
     qk, v, v_scale, m, denom, acc, DOT_PRECISION: tl.constexpr, FP8_KV: tl.constexpr,
-    F16_TILES: tl.constexpr,
+    V_F16: tl.constexpr,
 ):  # fmt: skip
     """Fold one tile's scores `qk` [rows, tile] (-inf where masked) and values `v` into the
     running max `m`, normaliser `denom` [rows] and output `acc` [rows, BLOCK_D]. A row with
     every position masked so far stays at m = -inf, denom = 0, acc = 0. An FP8 tile's values
     are unscaled: each probability takes its value's scale before the product (a power of two,
-    so the rounded product is the one of the scaled values). With F16_TILES the scales are
+    so the rounded product is the one of the scaled values). With V_F16 the scales are
     taken relative to the tile's largest, so that every weight is at most 1 in fp16 however
     small the values' scales, and the largest multiplies the tile's product."""
     m_new = tl.maximum(m, tl.max(qk, 1))
@@ -162,7 +169,7 @@ def fold_tile(
     alpha = tl.exp(m - m_safe)  # rescales what was accumulated under the old max
     denom = denom * alpha + tl.sum(p, 1)
     weights = p
-    if F16_TILES:
+    if V_F16:
         top = tl.max(v_scale, 0)  # 0 only where every position is masked (and p is 0)
         inverse = ((254 << 23) - top.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
         weights = p * (v_scale * tl.where(top > 0, inverse, 0.0))[None, :]

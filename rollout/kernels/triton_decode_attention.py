@@ -82,7 +82,7 @@ def _decode_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cblock, stride_cslot, stride_chead, stride_bt,
     k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, FP8_KV: tl.constexpr,
-    FAST_WIDEN: tl.constexpr, F16_TILES: tl.constexpr,
+    FAST_WIDEN: tl.constexpr, K_F16: tl.constexpr, V_F16: tl.constexpr,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
     QUERY_LEN: tl.constexpr, ROWS_PAD: tl.constexpr, MERGE_ROWS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -128,7 +128,7 @@ def _decode_kernel(
         mask=out_mask,
         other=0.0,
     )  # [ROWS_PAD, BLOCK_D]
-    q, q_back = query_for_tiles(q, F16_TILES)
+    q, q_back = query_for_tiles(q, K_F16)
     m = tl.full([ROWS_PAD], float("-inf"), tl.float32)
     denom = tl.zeros([ROWS_PAD], tl.float32)
     acc = tl.zeros([ROWS_PAD, BLOCK_D], tl.float32)
@@ -139,10 +139,10 @@ def _decode_kernel(
             k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs, n_mask, d, d_mask,
             kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
             k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV, FAST_WIDEN,
-            F16_TILES,
+            K_F16, V_F16,
         )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [ROWS_PAD, BLOCK_N]
-        qk = scale_scores(qk, k_scale, q_back, FP8_KV, F16_TILES)
+        qk = scale_scores(qk, k_scale, q_back, FP8_KV, K_F16)
         if HAS_SOFTCAP:
             qk = soft_cap(qk, softcap)
         visible = n_mask[None, :]
@@ -151,7 +151,7 @@ def _decode_kernel(
         if HAS_WINDOW:
             visible &= offs[None, :] > q_pos[:, None] - window
         qk = tl.where(visible, qk, float("-inf"))
-        m, denom, acc = fold_tile(qk, v, v_scale, m, denom, acc, DOT_PRECISION, FP8_KV, F16_TILES)
+        m, denom, acc = fold_tile(qk, v, v_scale, m, denom, acc, DOT_PRECISION, FP8_KV, V_F16)
     if num_active == 1:  # the whole visible context fit one piece: no partials, no merge
         if HAS_SINKS:
             sink = tl.load(sinks_ptr + heads, mask=row_mask, other=0.0).to(tl.float32)
@@ -293,6 +293,7 @@ def decode_attention(
     out = torch.empty_like(query)
     rows = group * query_len
     merge_rows = max(2, triton.next_power_of_2(rows))
+    k_f16, v_f16 = f16_tiles(query, kv_scales is not None)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, seq_lens, sinks if sinks is not None else query,
         part_out, part_lse, arrivals, out,
@@ -301,7 +302,7 @@ def decode_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         *kv_scale_args(k_cache, kv_scales), FP8_KV=kv_scales is not None,
         FAST_WIDEN=kv_scales is not None and fast_widen(query.dtype, query.device),
-        F16_TILES=f16_tiles(query, kv_scales is not None),
+        K_F16=k_f16, V_F16=v_f16,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, QUERY_LEN=query_len,
         ROWS_PAD=max(16, triton.next_power_of_2(rows)), MERGE_ROWS=merge_rows,
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],

@@ -356,33 +356,37 @@ def test_fp8_kernels_give_the_same_bits_widening_either_way() -> None:
     for read in (read_decode, read_extend):
         if not torch.equal(read(), _by_cast(read)):
             differ.append(read.__name__)
-        with _fp16_tiles():
-            if not torch.equal(read(), _by_cast(read)):
-                differ.append(f"{read.__name__}, fp16 tiles")
+        for choice in ("fp16", "fp16 K"):
+            with _fp8_kv_tiles(choice):
+                if not torch.equal(read(), _by_cast(read)):
+                    differ.append(f"{read.__name__}, {choice} tiles")
     assert not differ
 
 
 @contextlib.contextmanager
-def _fp16_tiles():
+def _fp8_kv_tiles(choice: str):
     from rollout.kernels import triton_attention_tiles
 
-    before = triton_attention_tiles.FP8_KV_F16_TILES
-    triton_attention_tiles.FP8_KV_F16_TILES = True
+    before = triton_attention_tiles.FP8_KV_TILES
+    triton_attention_tiles.FP8_KV_TILES = choice
     try:
         yield
     finally:
-        triton_attention_tiles.FP8_KV_F16_TILES = before
+        triton_attention_tiles.FP8_KV_TILES = before
 
 
 @pytest.mark.parametrize(
-    "tiles", [{}, dict(num_warps=8, num_stages=2), dict(block_n=64)], ids=["default", "8w", "64"]
+    "tiles",
+    [{}, dict(num_warps=2), dict(num_warps=8, num_stages=2), dict(full_batch_split_len=2048)],
+    ids=["default", "2w", "8w", "2048"],
 )
-def test_fp16_tiles_read_an_fp8_cache_within_bf16s_rounding(tiles) -> None:
+@pytest.mark.parametrize("choice", ["fp16", "fp16 K"])
+def test_fp16_tiles_read_an_fp8_cache_within_bf16s_rounding(choice: str, tiles) -> None:
     """Decode (at the launch choices bench_attention.py times) and extend, bf16 queries over an
-    FP8 cache through fp16 tiles: within one bf16 unit of the fp32 twin's result plus fp16's
-    rounding of the probabilities (2^-10 of the same sum over |values|), with query rows from
-    1e-4 to 1e6 (past fp16's range) and a KV head of values near 1e-7 (scales far below fp16's
-    normal range)."""
+    FP8 cache through fp16 tiles: within one bf16 unit of the fp32 twin's result plus the
+    rounding of the probabilities (fp16's: 2^-10 of the same sum over |values|; bf16's with V in
+    bf16: 2^-8), with query rows from 1e-4 to 1e6 (past fp16's range) and a KV head of values
+    near 1e-7 (scales far below fp16's normal range)."""
     import dataclasses
 
     from rollout.kernels import triton_paged_attention as kernels
@@ -394,7 +398,7 @@ def test_fp16_tiles_read_an_fp8_cache_within_bf16s_rounding(tiles) -> None:
         case["v_cache"][:, :, 3] *= 1e-7
         case = with_fp8_cache(case)
         query = case["query"].to(torch.bfloat16)
-        with _fp16_tiles():
+        with _fp8_kv_tiles(choice):
             if max(query_lens) == 1:
                 got = kernels.decode_attention(
                     query, case["k_cache"], case["v_cache"], case["block_tables"],
@@ -411,7 +415,10 @@ def test_fp16_tiles_read_an_fp8_cache_within_bf16s_rounding(tiles) -> None:
         exact = dict(case, query=query.float())
         want = _twin_attention(exact)
         magnitudes = (case["v_cache"].view(torch.uint8) & 0x7F).view(case["v_cache"].dtype)
-        bound = 2**-7 * want.abs() + 2**-10 * _twin_attention(dict(exact, v_cache=magnitudes))
+        probabilities = 2**-10 if choice == "fp16" else 2**-8
+        bound = 2**-7 * want.abs() + probabilities * _twin_attention(
+            dict(exact, v_cache=magnitudes)
+        )
         assert not got.isnan().any()
         assert ((got.float() - want).abs() <= bound).all()
 
@@ -426,13 +433,9 @@ def _twin_attention(case: dict) -> torch.Tensor:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("kv_tiles", ["bf16", "fp16"])
+@pytest.mark.parametrize("kv_tiles", ["bf16", "fp16", "fp16 K"])
 def test_graphs_equal_eager_with_an_fp8_kv_cache_read_through(kv_tiles: str) -> None:
-    from rollout.kernels import triton_attention_tiles
-
-    before = triton_attention_tiles.FP8_KV_F16_TILES
-    triton_attention_tiles.FP8_KV_F16_TILES = kv_tiles == "fp16"
-    try:
+    with _fp8_kv_tiles(kv_tiles):
         model = tiny_model("qwen3").to("cuda", torch.bfloat16)
         sampled = SamplingParams(max_tokens=40, temperature=1.0, n=2, seed=3)
         settings = dict(
@@ -443,5 +446,3 @@ def test_graphs_equal_eager_with_an_fp8_kv_cache_read_through(kv_tiles: str) -> 
         assert graphed.stats().cuda_graphs > 0
         b = engine_for(model, ON_GPU, cuda_graphs=False, **settings).generate(PROMPTS, sampled)
         assert [r.token_ids for r in a] == [r.token_ids for r in b]
-    finally:
-        triton_attention_tiles.FP8_KV_F16_TILES = before
