@@ -48,8 +48,7 @@ def load_kv_tile(
     dtype (K into fp16 with K_F16, V with V_F16) unscaled: the caller multiplies the scores by
     the K scales (`scale_scores`) and the probabilities by the V scales (`fold_tile`), a few
     multiplies a token instead of three conversions an element, and exact as the scales are
-    powers of two. Without an FP8 cache the
-    scales are never used (and compiled away)."""
+    powers of two. Without an FP8 cache the scales are never used (and compiled away)."""
     page = tl.load(block_table_ptr + offs // PAGE, mask=n_mask, other=0)
     # int64: block x stride passes int32 in caches of over 2^31 elements.
     row = page.to(tl.int64) * stride_cblock + (offs % PAGE) * stride_cslot + kv_head * stride_chead
