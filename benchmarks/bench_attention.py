@@ -25,7 +25,6 @@ tiles" widens e4m3 to fp16 (`triton_attention_tiles.f16_tiles`) instead of to th
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from pathlib import Path
@@ -159,20 +158,9 @@ def sweep_decode_tiles(paged, kv_bytes: int) -> list[dict]:
     return rows
 
 
-@contextlib.contextmanager
-def fp8_kv_tiles(choice: str):
-    """Launches inside read an FP8 cache through the tiles a choice's name says ("fp16 tiles",
-    "fp16 K", else bf16; the graph keeps what it captured)."""
-    from rollout.kernels import triton_attention_tiles
-
-    before = triton_attention_tiles.FP8_KV_TILES
-    triton_attention_tiles.FP8_KV_TILES = (
-        "fp16" if "fp16 tiles" in choice else "fp16 K" if "fp16 K" in choice else "bf16"
-    )
-    try:
-        yield
-    finally:
-        triton_attention_tiles.FP8_KV_TILES = before
+def tiles_of(choice: str) -> str:
+    """The FP8 KV tiles a choice's name asks for ("fp16 tiles", "fp16 K", else bf16)."""
+    return "fp16" if "fp16 tiles" in choice else "fp16 K" if "fp16 K" in choice else "bf16"
 
 
 def sweep_regimes(args) -> list[dict]:
@@ -186,6 +174,7 @@ def sweep_regimes(args) -> list[dict]:
     from rollout.kernels import triton_decode_attention as decode
     from rollout.kernels import triton_paged_attention as kernels
     from rollout.kernels.torch_fp8 import quantize_kv
+    from rollout.kernels.triton_attention_tiles import fp8_kv_tiles
 
     hkv, d, bs, dtype = args.kv_heads, args.head_dim, args.block_size, torch.bfloat16
     max_context = args.max_context or 16640
@@ -254,7 +243,7 @@ def sweep_regimes(args) -> list[dict]:
                 decode.decode_attention, *(fp8_inputs if fp8 else inputs), tiles,
                 kv_scales=(k_scale, v_scale) if fp8 else None,
             )  # fmt: skip
-            with fp8_kv_tiles(name):
+            with fp8_kv_tiles(tiles_of(name)):
                 us = 1e3 * time_in_graph(lambda i, run=run: run(), copies=36)
             read = fp8_kv_bytes if fp8 else kv_bytes
             rows.append({"point": point, "choice": name, "tiles": vars(tiles), "us": us,

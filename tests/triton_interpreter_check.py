@@ -245,19 +245,18 @@ def check_fp8_kv_f16_tiles() -> float:
     the probabilities (2^-10 of the same sum over |values|), with query rows from 1e-4 to 1e6
     (past fp16's range: the per-row query scale) and a KV head whose values are near 1e-7 (their
     scales far below fp16's normal range: the tile's value scale). Returns by how much the
-    largest error exceeds that bound (0 within it)."""
-    from rollout.kernels import triton_attention_tiles as tiles
+    largest error exceeds that bound (0 within it). ("fp16 K" keeps V in bf16, whose dot the
+    interpreter does not compute: the GPU tests take it.)"""
+    from rollout.kernels.triton_attention_tiles import fp8_kv_tiles
 
     worst = 0.0
-    # ("fp16 K" keeps V in bf16, whose dot the interpreter does not compute: on the GPU only)
-    before, tiles.FP8_KV_TILES = tiles.FP8_KV_TILES, "fp16"
-    try:
-        for seq_lens, query_lens in (([1, 17, 600, 130], [1] * 4), ([70, 5, 130], [70, 1, 65])):
-            case = make_case(seq_lens, query_lens, 2, 4, 64, 16, torch.float32, "cpu")
-            case["query"] *= torch.logspace(-4, 6, case["query"].shape[1])[None, :, None]
-            case["v_cache"][:, :, 1] *= 1e-7
-            case = with_fp8_cache(case)
-            query = case["query"].to(torch.bfloat16)
+    for seq_lens, query_lens in (([1, 17, 600, 130], [1] * 4), ([70, 5, 130], [70, 1, 65])):
+        case = make_case(seq_lens, query_lens, 2, 4, 64, 16, torch.float32, "cpu")
+        case["query"] *= torch.logspace(-4, 6, case["query"].shape[1])[None, :, None]
+        case["v_cache"][:, :, 1] *= 1e-7
+        case = with_fp8_cache(case)
+        query = case["query"].to(torch.bfloat16)
+        with fp8_kv_tiles("fp16"):
             if max(query_lens) == 1:
                 got = kernels.decode_attention(
                     query, case["k_cache"], case["v_cache"], case["block_tables"],
@@ -270,16 +269,14 @@ def check_fp8_kv_f16_tiles() -> float:
                     case["query_start_loc"], case["seq_lens"], case["q_block_seq"],
                     case["q_block_start"], case["scale"], kv_scales=case["kv_scales"],
                 )  # fmt: skip
-            exact = dict(case, query=query.float())
-            want = _reference(exact, kv_scales=case["kv_scales"])
-            magnitudes = (case["v_cache"].view(torch.uint8) & 0x7F).view(case["v_cache"].dtype)
-            sums = _reference(dict(exact, v_cache=magnitudes), kv_scales=case["kv_scales"])
-            bound = 2**-7 * want.abs() + 2**-10 * sums
-            if torch.isnan(got).any():
-                return float("inf")
-            worst = max(worst, ((got.float() - want).abs() / bound).max().item() - 1.0)
-    finally:
-        tiles.FP8_KV_TILES = before
+        if torch.isnan(got).any():
+            return float("inf")
+        exact = dict(case, query=query.float())
+        want = _reference(exact, kv_scales=case["kv_scales"])
+        magnitudes = (case["v_cache"].view(torch.uint8) & 0x7F).view(case["v_cache"].dtype)
+        sums = _reference(dict(exact, v_cache=magnitudes), kv_scales=case["kv_scales"])
+        bound = 2**-7 * want.abs() + 2**-10 * sums
+        worst = max(worst, ((got.float() - want).abs() / bound).max().item() - 1.0)
     return max(worst, 0.0)
 
 

@@ -3,6 +3,8 @@ capping its logits, folding it into the running (online) softmax, and the sinks 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -12,6 +14,18 @@ from rollout.kernels.triton_fp8_widen import widen_e4m3
 FP8_KV_TILES = "bf16"
 """What bf16 activations widen an FP8 cache's tiles to (`f16_tiles`): "bf16", "fp16" (K and V)
 or "fp16 K" (V in bf16); benchmarks set it to compare."""
+
+
+@contextlib.contextmanager
+def fp8_kv_tiles(choice: str):
+    """FP8_KV_TILES set to `choice` within the block (benchmarks and tests compare the choices;
+    a CUDA graph keeps what it captured)."""
+    global FP8_KV_TILES
+    before, FP8_KV_TILES = FP8_KV_TILES, choice
+    try:
+        yield
+    finally:
+        FP8_KV_TILES = before
 
 
 def f16_tiles(query: torch.Tensor, fp8_kv: bool) -> tuple[bool, bool]:

@@ -4,8 +4,6 @@ and a weight update is rounded again in place under captured graphs."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 import triton
@@ -15,6 +13,7 @@ from rollout import SamplingParams
 from rollout.kernels import triton_fp8_widen
 from rollout.kernels.torch_fp8 import fp8_linear_reference, quantize_rows
 from rollout.kernels.torch_moe import fused_experts_reference
+from rollout.kernels.triton_attention_tiles import fp8_kv_tiles
 from rollout.kernels.triton_fp8_widen import widen_e4m3
 from tests import model_zoo
 from tests.conftest import engine_for, hf_greedy, random_prompts, tiny_model
@@ -357,22 +356,10 @@ def test_fp8_kernels_give_the_same_bits_widening_either_way() -> None:
         if not torch.equal(read(), _by_cast(read)):
             differ.append(read.__name__)
         for choice in ("fp16", "fp16 K"):
-            with _fp8_kv_tiles(choice):
+            with fp8_kv_tiles(choice):
                 if not torch.equal(read(), _by_cast(read)):
                     differ.append(f"{read.__name__}, {choice} tiles")
     assert not differ
-
-
-@contextlib.contextmanager
-def _fp8_kv_tiles(choice: str):
-    from rollout.kernels import triton_attention_tiles
-
-    before = triton_attention_tiles.FP8_KV_TILES
-    triton_attention_tiles.FP8_KV_TILES = choice
-    try:
-        yield
-    finally:
-        triton_attention_tiles.FP8_KV_TILES = before
 
 
 @pytest.mark.parametrize(
@@ -398,7 +385,7 @@ def test_fp16_tiles_read_an_fp8_cache_within_bf16s_rounding(choice: str, tiles) 
         case["v_cache"][:, :, 3] *= 1e-7
         case = with_fp8_cache(case)
         query = case["query"].to(torch.bfloat16)
-        with _fp8_kv_tiles(choice):
+        with fp8_kv_tiles(choice):
             if max(query_lens) == 1:
                 got = kernels.decode_attention(
                     query, case["k_cache"], case["v_cache"], case["block_tables"],
@@ -435,7 +422,7 @@ def _twin_attention(case: dict) -> torch.Tensor:
 
 @pytest.mark.parametrize("kv_tiles", ["bf16", "fp16", "fp16 K"])
 def test_graphs_equal_eager_with_an_fp8_kv_cache_read_through(kv_tiles: str) -> None:
-    with _fp8_kv_tiles(kv_tiles):
+    with fp8_kv_tiles(kv_tiles):
         model = tiny_model("qwen3").to("cuda", torch.bfloat16)
         sampled = SamplingParams(max_tokens=40, temperature=1.0, n=2, seed=3)
         settings = dict(
