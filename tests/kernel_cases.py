@@ -68,3 +68,32 @@ def with_fp8_cache(case: dict) -> dict:
     k_cache, k_scale = quantize_kv(case["k_cache"])
     v_cache, v_scale = quantize_kv(case["v_cache"])
     return {**case, "k_cache": k_cache, "v_cache": v_cache, "kv_scales": (k_scale, v_scale)}
+
+
+def wide_range_fp8_case(seq_lens, query_lens, num_kv_heads, head_dim, device) -> dict:
+    """An FP8-cache case (group of 4) whose bf16 query rows span 1e-4 to 1e6, past fp16's range,
+    and whose last KV head holds values near 1e-7, their scales far below fp16's normal range:
+    what fp16 tiles must scale their way around. The bf16 query under "query_bf16"."""
+    case = make_case(seq_lens, query_lens, num_kv_heads, 4, head_dim, 16, torch.float32, device)
+    case["query"] *= torch.logspace(-4, 6, case["query"].shape[1], device=device)[None, :, None]
+    case["v_cache"][:, :, -1] *= 1e-7
+    case = with_fp8_cache(case)
+    return {**case, "query_bf16": case["query"].to(torch.bfloat16)}
+
+
+def fp8_attention_error_bound(case: dict, probability_rounding: float):
+    """(the fp32 twin's attention of the case's bf16 query over its FP8 cache, the error a
+    kernel may make there): one bf16 unit of the result plus `probability_rounding` times the
+    same attention over |values| (the rounding of the probabilities before the value dot)."""
+    from rollout.kernels import torch_paged_attention as twin
+
+    def attention(v_cache):
+        return twin.paged_attention(
+            case["query_bf16"].float(), case["k_cache"], v_cache, case["block_tables"],
+            case["query_start_loc_host"], case["seq_lens_host"], case["scale"],
+            kv_scales=case["kv_scales"],
+        )  # fmt: skip
+
+    want = attention(case["v_cache"])
+    magnitudes = (case["v_cache"].view(torch.uint8) & 0x7F).view(case["v_cache"].dtype)
+    return want, 2**-7 * want.abs() + probability_rounding * attention(magnitudes)

@@ -13,7 +13,12 @@ import triton.runtime.interpreter as interpreter
 from rollout.kernels import torch_moe, triton_linear, triton_moe, triton_routing
 from rollout.kernels import torch_paged_attention as twin
 from rollout.kernels import triton_paged_attention as kernels
-from tests.kernel_cases import make_case, with_fp8_cache
+from tests.kernel_cases import (
+    fp8_attention_error_bound,
+    make_case,
+    wide_range_fp8_case,
+    with_fp8_cache,
+)
 from tests.triton_launches import record_launches
 
 # triton 3.6's interpreter turns its 1-element scalar arrays into Python ints with int(array),
@@ -251,11 +256,8 @@ def check_fp8_kv_f16_tiles() -> float:
 
     worst = 0.0
     for seq_lens, query_lens in (([1, 17, 600, 130], [1] * 4), ([70, 5, 130], [70, 1, 65])):
-        case = make_case(seq_lens, query_lens, 2, 4, 64, 16, torch.float32, "cpu")
-        case["query"] *= torch.logspace(-4, 6, case["query"].shape[1])[None, :, None]
-        case["v_cache"][:, :, 1] *= 1e-7
-        case = with_fp8_cache(case)
-        query = case["query"].to(torch.bfloat16)
+        case = wide_range_fp8_case(seq_lens, query_lens, 2, 64, "cpu")
+        query = case["query_bf16"]
         with fp8_kv_tiles("fp16"):
             if max(query_lens) == 1:
                 got = kernels.decode_attention(
@@ -271,11 +273,7 @@ def check_fp8_kv_f16_tiles() -> float:
                 )  # fmt: skip
         if torch.isnan(got).any():
             return float("inf")
-        exact = dict(case, query=query.float())
-        want = _reference(exact, kv_scales=case["kv_scales"])
-        magnitudes = (case["v_cache"].view(torch.uint8) & 0x7F).view(case["v_cache"].dtype)
-        sums = _reference(dict(exact, v_cache=magnitudes), kv_scales=case["kv_scales"])
-        bound = 2**-7 * want.abs() + 2**-10 * sums
+        want, bound = fp8_attention_error_bound(case, 2**-10)
         worst = max(worst, ((got.float() - want).abs() / bound).max().item() - 1.0)
     return max(worst, 0.0)
 

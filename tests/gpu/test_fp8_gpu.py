@@ -377,14 +377,11 @@ def test_fp16_tiles_read_an_fp8_cache_within_bf16s_rounding(choice: str, tiles) 
     import dataclasses
 
     from rollout.kernels import triton_paged_attention as kernels
-    from tests.kernel_cases import make_case, with_fp8_cache
+    from tests.kernel_cases import fp8_attention_error_bound, wide_range_fp8_case
 
     for seq_lens, query_lens in (([1, 700, 4000, 129], [1] * 4), ([300, 70, 5], [300, 7, 1])):
-        case = make_case(seq_lens, query_lens, 8, 4, 128, 16, torch.float32, "cuda")
-        case["query"] *= torch.logspace(-4, 6, 32, device="cuda")[None, :, None]
-        case["v_cache"][:, :, 3] *= 1e-7
-        case = with_fp8_cache(case)
-        query = case["query"].to(torch.bfloat16)
+        case = wide_range_fp8_case(seq_lens, query_lens, 8, 128, "cuda")
+        query = case["query_bf16"]
         with fp8_kv_tiles(choice):
             if max(query_lens) == 1:
                 got = kernels.decode_attention(
@@ -399,25 +396,9 @@ def test_fp16_tiles_read_an_fp8_cache_within_bf16s_rounding(choice: str, tiles) 
                     case["query_start_loc"], case["seq_lens"], case["q_block_seq"],
                     case["q_block_start"], case["scale"], kv_scales=case["kv_scales"],
                 )  # fmt: skip
-        exact = dict(case, query=query.float())
-        want = _twin_attention(exact)
-        magnitudes = (case["v_cache"].view(torch.uint8) & 0x7F).view(case["v_cache"].dtype)
-        probabilities = 2**-10 if choice == "fp16" else 2**-8
-        bound = 2**-7 * want.abs() + probabilities * _twin_attention(
-            dict(exact, v_cache=magnitudes)
-        )
+        want, bound = fp8_attention_error_bound(case, 2**-10 if choice == "fp16" else 2**-8)
         assert not got.isnan().any()
         assert ((got.float() - want).abs() <= bound).all()
-
-
-def _twin_attention(case: dict) -> torch.Tensor:
-    from rollout.kernels import torch_paged_attention as twin
-
-    return twin.paged_attention(
-        case["query"], case["k_cache"], case["v_cache"], case["block_tables"],
-        case["query_start_loc_host"], case["seq_lens_host"], case["scale"],
-        kv_scales=case["kv_scales"],
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize("kv_tiles", ["bf16", "fp16", "fp16 K"])
