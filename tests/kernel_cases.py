@@ -97,3 +97,20 @@ def fp8_attention_error_bound(case: dict, probability_rounding: float):
     want = attention(case["v_cache"])
     magnitudes = (case["v_cache"].view(torch.uint8) & 0x7F).view(case["v_cache"].dtype)
     return want, 2**-7 * want.abs() + probability_rounding * attention(magnitudes)
+
+
+def attend(case: dict, query, max_context: int, tiles=None):
+    """The Triton kernels over `case` for `query` (its FP8 scales if any): the decode kernel when
+    every sequence has one query token (`tiles`, up to `max_context`), else the extend kernel."""
+    from rollout.kernels import triton_paged_attention as kernels
+
+    kv = (case["k_cache"], case["v_cache"], case["block_tables"])
+    if query.shape[0] == case["seq_lens"].shape[0]:
+        return kernels.decode_attention(
+            query, *kv, case["seq_lens"], case["scale"], max_context, tiles,
+            kv_scales=case.get("kv_scales"),
+        )  # fmt: skip
+    return kernels.extend_attention(
+        query, *kv, case["query_start_loc"], case["seq_lens"], case["q_block_seq"],
+        case["q_block_start"], case["scale"], kv_scales=case.get("kv_scales"),
+    )  # fmt: skip

@@ -14,6 +14,7 @@ from rollout.kernels import torch_moe, triton_linear, triton_moe, triton_routing
 from rollout.kernels import torch_paged_attention as twin
 from rollout.kernels import triton_paged_attention as kernels
 from tests.kernel_cases import (
+    attend,
     fp8_attention_error_bound,
     make_case,
     wide_range_fp8_case,
@@ -257,20 +258,8 @@ def check_fp8_kv_f16_tiles() -> float:
     worst = 0.0
     for seq_lens, query_lens in (([1, 17, 600, 130], [1] * 4), ([70, 5, 130], [70, 1, 65])):
         case = wide_range_fp8_case(seq_lens, query_lens, 2, 64, "cpu")
-        query = case["query_bf16"]
         with fp8_kv_tiles("fp16"):
-            if max(query_lens) == 1:
-                got = kernels.decode_attention(
-                    query, case["k_cache"], case["v_cache"], case["block_tables"],
-                    case["seq_lens"], case["scale"], 1024,
-                    kernels.DecodeTiles(split_len=256, block_n=64), kv_scales=case["kv_scales"],
-                )  # fmt: skip
-            else:
-                got = kernels.extend_attention(
-                    query, case["k_cache"], case["v_cache"], case["block_tables"],
-                    case["query_start_loc"], case["seq_lens"], case["q_block_seq"],
-                    case["q_block_start"], case["scale"], kv_scales=case["kv_scales"],
-                )  # fmt: skip
+            got = attend(case, case["query_bf16"], 1024, kernels.DecodeTiles(256, 64))
         if torch.isnan(got).any():
             return float("inf")
         want, bound = fp8_attention_error_bound(case, 2**-10)

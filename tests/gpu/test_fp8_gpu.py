@@ -377,25 +377,13 @@ def test_fp16_tiles_read_an_fp8_cache_within_bf16s_rounding(choice: str, tiles) 
     import dataclasses
 
     from rollout.kernels import triton_paged_attention as kernels
-    from tests.kernel_cases import fp8_attention_error_bound, wide_range_fp8_case
+    from tests.kernel_cases import attend, fp8_attention_error_bound, wide_range_fp8_case
 
     for seq_lens, query_lens in (([1, 700, 4000, 129], [1] * 4), ([300, 70, 5], [300, 7, 1])):
         case = wide_range_fp8_case(seq_lens, query_lens, 8, 128, "cuda")
-        query = case["query_bf16"]
         with fp8_kv_tiles(choice):
-            if max(query_lens) == 1:
-                got = kernels.decode_attention(
-                    query, case["k_cache"], case["v_cache"], case["block_tables"],
-                    case["seq_lens"], case["scale"], 4096,
-                    dataclasses.replace(kernels.DECODE_TILES, **tiles),
-                    kv_scales=case["kv_scales"],
-                )  # fmt: skip
-            else:
-                got = kernels.extend_attention(
-                    query, case["k_cache"], case["v_cache"], case["block_tables"],
-                    case["query_start_loc"], case["seq_lens"], case["q_block_seq"],
-                    case["q_block_start"], case["scale"], kv_scales=case["kv_scales"],
-                )  # fmt: skip
+            launch = dataclasses.replace(kernels.DECODE_TILES, **tiles)
+            got = attend(case, case["query_bf16"], 4096, launch)
         want, bound = fp8_attention_error_bound(case, 2**-10 if choice == "fp16" else 2**-8)
         assert not got.isnan().any()
         assert ((got.float() - want).abs() <= bound).all()
