@@ -9,21 +9,15 @@ from rollout.kernels import triton_attention_tiles
 
 
 @pytest.mark.parametrize(
-    "choice, bf16_fp8, bf16_plain, fp32_fp8",
-    [
-        ("bf16", (False, False), (False, False), (False, False)),
-        ("fp16", (True, True), (False, False), (False, False)),
-        ("fp16 K", (True, False), (False, False), (False, False)),
-    ],
+    "choice, tiles",
+    [("bf16", (False, False)), ("fp16", (True, True)), ("fp16 K", (True, False))],
 )
-def test_only_bf16_queries_over_an_fp8_cache_take_fp16_tiles(
-    monkeypatch, choice, bf16_fp8, bf16_plain, fp32_fp8
-) -> None:
+def test_only_bf16_queries_over_an_fp8_cache_take_fp16_tiles(monkeypatch, choice, tiles) -> None:
     monkeypatch.setattr(triton_attention_tiles, "FP8_KV_TILES", choice)
     bf16, fp32 = torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1)
-    assert triton_attention_tiles.f16_tiles(bf16, True) == bf16_fp8
-    assert triton_attention_tiles.f16_tiles(bf16, False) == bf16_plain
-    assert triton_attention_tiles.f16_tiles(fp32, True) == fp32_fp8  # fp32 stays exact
+    assert triton_attention_tiles.f16_tiles(bf16, True) == tiles
+    assert triton_attention_tiles.f16_tiles(bf16, False) == (False, False)  # no FP8 cache
+    assert triton_attention_tiles.f16_tiles(fp32, True) == (False, False)  # fp32 stays exact
 
 
 def test_an_unknown_choice_is_refused(monkeypatch) -> None:
