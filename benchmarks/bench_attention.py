@@ -17,9 +17,8 @@ launches (one per layer of an 8B model) over the number of launches, as the engi
 (bench_gemm's `time_in_graph`); do_bench's per-call timing would add the host's launch time to
 kernels of a few microseconds. With --fp8-kv each point times the bf16 cache at the default
 launch beside an FP8 cache (e4m3, a scale per token and KV head, as the engine stores it) at the
-default and a few other launch choices, the FP8 cache's bytes counted for its bandwidth; "fp16
-tiles" widens e4m3 to fp16 (`triton_attention_tiles.f16_tiles`) instead of to the query's bf16,
-"fp16 K" only the keys.
+default and a few other launch choices, the FP8 cache's bytes counted for its bandwidth; "bf16
+tiles" widens the keys to the query's bf16 rather than to fp16 (`triton_attention_tiles.fp16_keys`).
 """
 
 from __future__ import annotations
@@ -159,8 +158,8 @@ def sweep_decode_tiles(paged, kv_bytes: int) -> list[dict]:
 
 
 def tiles_of(choice: str) -> str:
-    """The FP8 KV tiles a choice's name asks for ("fp16 tiles", "fp16 K", else bf16)."""
-    return "fp16" if "fp16 tiles" in choice else "fp16 K" if "fp16 K" in choice else "bf16"
+    """The FP8 KV tiles a choice's name asks for ("bf16 tiles", else the engine's fp16 K)."""
+    return "bf16" if "bf16 tiles" in choice else "fp16 K"
 
 
 def sweep_regimes(args) -> list[dict]:
@@ -181,24 +180,17 @@ def sweep_regimes(args) -> list[dict]:
     base = decode.DECODE_TILES
     up_to_512 = dataclasses.replace(base, full_batch_split_len=0)
     if args.fp8_kv:
-        full_batch_2048 = dataclasses.replace(base, full_batch_split_len=2048)
+        up_to_1024 = dataclasses.replace(base, fp8_full_batch_split_len=1024)
         choices = {
             "bf16 KV": base,
+            # the engine's FP8 read: K widened to fp16 (one conversion instruction per two
+            # values), V to bf16 (integer instructions), pieces up to 2,048 at a full batch
             "FP8 KV": base,
-            "FP8, up to 2048 at a full batch": full_batch_2048,
-            # fp16 tiles: one conversion instruction per two values instead of five integer
-            # ones, 868 instructions a tile and warp in the loop against 1,309 (bf16 KV's: 676),
-            # compiled for sm_90; 186 registers, two programs an SM, as the default's
-            "FP8, fp16 tiles": base,
-            "FP8, fp16 tiles, up to 2048 at a full batch": full_batch_2048,
-            "FP8, fp16 tiles, 2 stages": dataclasses.replace(base, num_stages=2),
-            "FP8, fp16 tiles, 2 warps": dataclasses.replace(base, num_warps=2),
-            # 108 registers: 16 warps an SM
-            "FP8, fp16 tiles, 8 warps, 2 stages": dataclasses.replace(
-                base, num_warps=8, num_stages=2
-            ),
-            # K by the conversion unit, V by the integer one: 1,072 instructions
-            "FP8, fp16 K": base,
+            "FP8, up to 1024 at a full batch": up_to_1024,
+            "FP8, bf16 tiles": base,
+            "FP8, bf16 tiles, up to 1024 at a full batch": up_to_1024,
+            "FP8, 2 stages": dataclasses.replace(base, num_stages=2),
+            "FP8, 2 warps": dataclasses.replace(base, num_warps=2),
         }
     else:
         choices = {

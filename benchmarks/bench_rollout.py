@@ -511,10 +511,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--fp8-kv-tiles",
-        choices=("bf16", "fp16", "fp16-k"),
+        choices=("fp16-k", "bf16"),
         default=None,
-        help="what a bf16 model widens an FP8 KV cache's tiles to, fp16-k: K only (default: the "
-        "engine's choice)",
+        help="what a bf16 model widens an FP8 KV cache's K tiles to (default: the engine's, fp16-k)",
     )
     parser.add_argument("--profile-steps", type=int, default=0, help="kernel profile of N steps")
     parser.add_argument("--deadline-s", type=float, default=0.0, help="stop each run after this")

@@ -73,7 +73,7 @@ def with_fp8_cache(case: dict) -> dict:
 def wide_range_fp8_case(seq_lens, query_lens, num_kv_heads, head_dim, device) -> dict:
     """An FP8-cache case (group of 4) whose bf16 query rows span 1e-4 to 1e6, past fp16's range,
     and whose last KV head holds values near 1e-7, their scales far below fp16's normal range:
-    what fp16 tiles must scale their way around. The bf16 query under "query_bf16"."""
+    what fp16 K tiles must scale their way around. The bf16 query under "query_bf16"."""
     case = make_case(seq_lens, query_lens, num_kv_heads, 4, head_dim, 16, torch.float32, device)
     case["query"] *= torch.logspace(-4, 6, case["query"].shape[1], device=device)[None, :, None]
     case["v_cache"][:, :, -1] *= 1e-7

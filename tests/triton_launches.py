@@ -19,6 +19,10 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
+from rollout.kernels.triton_attention_tiles import fp16_keys
+
 # Launch options the kernels pass beside their arguments.
 _OPTIONS = ("num_warps", "num_stages", "num_ctas")
 # torch dtype -> Triton's pointer element name.
@@ -144,6 +148,8 @@ def bf16_twins(launches: list[dict]) -> list[dict]:
         for name in _ACTIVATIONS[launch["kernel"]]:
             twin["args"][name] = {"pointer": "bf16"}
         twin["args"]["FAST_WIDEN"] = {"value": True}
+        if "K_F16" in twin["args"]:  # the FP8 cache's K tiles as bf16 queries widen them
+            twin["args"]["K_F16"] = {"value": fp16_keys(torch.zeros(1, dtype=torch.bfloat16), True)}
         for name, value in (("IEEE", False), ("DOT_PRECISION", "tf32")):
             if name in twin["args"]:
                 twin["args"][name] = {"value": value}

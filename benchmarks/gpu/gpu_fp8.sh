@@ -12,7 +12,7 @@
 #   drift    FP8 rollouts against the bf16 trainer (bench_mismatch.py), dense and MoE
 #   grpo-kv  the grpo workload on the Qwen3-8B shape: bf16, then FP8 weights and FP8 KV cache
 #   grpo-fp8-kv  only the latter (after a grpo part in the same call)
-#   grpo-fp8-kv16  the same with the FP8 cache read through fp16 tiles (KV_TILES: fp16, fp16-k)
+#   grpo-fp8-kv-bf16  the same with the FP8 cache's K tiles widened to bf16, not fp16
 #   attn-kv  the decode attention kernel alone at a grpo run's batches, bf16 against FP8 KV
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out); ROLLOUT_COMMIT=<sha> names the commit.
@@ -64,9 +64,9 @@ for part in "$@"; do
     grpo-fp8-kv) run grpo_qwen3-8b_fp8_kv 240 benchmarks/bench_rollout.py --workload grpo \
       --modes overlap --engine weight_quantization=fp8 --engine kv_cache_dtype=fp8 \
       --json-out "$OUT_DIR/grpo_qwen3-8b_fp8_kv.json" ;;
-    grpo-fp8-kv16) run grpo_qwen3-8b_fp8_kv16 240 benchmarks/bench_rollout.py --workload grpo \
+    grpo-fp8-kv-bf16) run grpo_qwen3-8b_fp8_kv_bf16 240 benchmarks/bench_rollout.py --workload grpo \
       --modes overlap --engine weight_quantization=fp8 --engine kv_cache_dtype=fp8 \
-      --fp8-kv-tiles ${KV_TILES:-fp16} --json-out "$OUT_DIR/grpo_qwen3-8b_fp8_kv16.json" ;;
+      --fp8-kv-tiles bf16 --json-out "$OUT_DIR/grpo_qwen3-8b_fp8_kv_bf16.json" ;;
     attn-kv) LINES_SHOWN=16 run attention_regimes_fp8_kv 240 benchmarks/bench_attention.py \
       --regimes --fp8-kv --json-out "$OUT_DIR/attention_regimes_fp8_kv.json" ;;
     tail) both grpo_tail 120 --workload grpo --prompts 2 --group-size 4 --length-max 4096 ;;

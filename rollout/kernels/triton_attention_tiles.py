@@ -11,9 +11,9 @@ import triton.language as tl
 
 from rollout.kernels.triton_fp8_widen import widen_e4m3
 
-FP8_KV_TILES = "bf16"
-"""What bf16 activations widen an FP8 cache's tiles to (`f16_tiles`): "bf16", "fp16" (K and V)
-or "fp16 K" (V in bf16); benchmarks set it to compare."""
+FP8_KV_TILES = "fp16 K"
+"""What bf16 activations widen an FP8 cache's tiles to (`fp16_keys`): "fp16 K" (K in fp16, V in
+bf16) or "bf16" (both); benchmarks and tests set it to compare."""
 
 
 @contextlib.contextmanager
@@ -28,19 +28,17 @@ def fp8_kv_tiles(choice: str):
         FP8_KV_TILES = before
 
 
-def f16_tiles(query: torch.Tensor, fp8_kv: bool) -> tuple[bool, bool]:
-    """Whether a launch over an FP8 cache widens its K and its V tiles to fp16 rather than to the
-    query's bf16. e4m3 -> fp16 is one conversion instruction per two values on NVIDIA GPUs,
-    e4m3 -> bf16 five integer ones (`triton_fp8_widen`), and an attention tile widens every byte
-    it reads; the two run on different units, so K in fp16 and V in bf16 splits the work between
-    them. K in fp16: the query enters the score dot in fp16, scaled by a power of two per row
-    (`query_for_tiles`: the same scores). V in fp16: the probabilities enter the value dot in
-    fp16 (`fold_tile`: 3 more bits than bf16)."""
+def fp16_keys(query: torch.Tensor, fp8_kv: bool) -> bool:
+    """Whether a launch over an FP8 cache widens its K tiles to fp16 rather than to the query's
+    bf16. e4m3 -> fp16 is one conversion instruction per two values on NVIDIA GPUs, e4m3 -> bf16
+    five integer ones (`triton_fp8_widen`); the two run on different units, so K in fp16 and V
+    in bf16 splits the widening between them. The query enters the score dot in fp16, scaled by
+    a power of two per row (`query_for_tiles`: the same scores)."""
     if not fp8_kv or query.dtype != torch.bfloat16 or FP8_KV_TILES == "bf16":
-        return False, False
-    if FP8_KV_TILES not in ("fp16", "fp16 K"):
-        raise ValueError(f"FP8_KV_TILES is {FP8_KV_TILES!r}: 'bf16', 'fp16' or 'fp16 K'")
-    return True, FP8_KV_TILES == "fp16"
+        return False
+    if FP8_KV_TILES != "fp16 K":
+        raise ValueError(f"FP8_KV_TILES is {FP8_KV_TILES!r}: 'fp16 K' or 'bf16'")
+    return True
 
 
 def dot_precision(query: torch.Tensor) -> str:
@@ -54,12 +52,12 @@ def load_kv_tile(
     k_cache_ptr, v_cache_ptr, block_table_ptr, offs, n_mask, d, d_mask, kv_head,
     stride_cblock, stride_cslot, stride_chead, PAGE: tl.constexpr,
     k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, like_ptr, FP8_KV: tl.constexpr,
-    FAST_WIDEN: tl.constexpr, K_F16: tl.constexpr, V_F16: tl.constexpr,
+    FAST_WIDEN: tl.constexpr, K_F16: tl.constexpr,
 ):  # fmt: skip
     """K and V at context positions `offs` of the sequence whose block-table row starts at
     `block_table_ptr`: [len(offs), BLOCK_D] each, zeros where `n_mask` or `d_mask` is off, and
     their (token, head) scales [len(offs)]. An FP8 cache's bytes are widened into `like_ptr`'s
-    dtype (K into fp16 with K_F16, V with V_F16) unscaled: the caller multiplies the scores by
+    dtype (K into fp16 with K_F16) unscaled: the caller multiplies the scores by
     the K scales (`scale_scores`) and the probabilities by the V scales (`fold_tile`), a few
     multiplies a token instead of three conversions an element, and exact as the scales are
     powers of two. Without an FP8 cache the scales are never used (and compiled away)."""
@@ -77,10 +75,7 @@ def load_kv_tile(
             k = widen_e4m3(k, tl.float16, FAST_WIDEN, True)
         else:
             k = widen_e4m3(k, like_ptr.dtype.element_ty, FAST_WIDEN, True)
-        if V_F16:
-            v = widen_e4m3(v, tl.float16, FAST_WIDEN, True)
-        else:
-            v = widen_e4m3(v, like_ptr.dtype.element_ty, FAST_WIDEN, True)
+        v = widen_e4m3(v, like_ptr.dtype.element_ty, FAST_WIDEN, True)
     else:
         k_scale = n_mask.to(tl.float32)
         v_scale = k_scale
@@ -167,15 +162,12 @@ def kv_scale_args(k_cache: torch.Tensor, kv_scales) -> tuple:
 @triton.jit
 def fold_tile(
     qk, v, v_scale, m, denom, acc, DOT_PRECISION: tl.constexpr, FP8_KV: tl.constexpr,
-    V_F16: tl.constexpr,
 ):  # fmt: skip
     """Fold one tile's scores `qk` [rows, tile] (-inf where masked) and values `v` into the
     running max `m`, normaliser `denom` [rows] and output `acc` [rows, BLOCK_D]. A row with
     every position masked so far stays at m = -inf, denom = 0, acc = 0. An FP8 tile's values
     are unscaled: each probability takes its value's scale before the product (a power of two,
-    so the rounded product is the one of the scaled values). With V_F16 the scales are
-    taken relative to the tile's largest, so that every weight is at most 1 in fp16 however
-    small the values' scales, and the largest multiplies the tile's product."""
+    so the rounded product is the one of the scaled values)."""
     m_new = tl.maximum(m, tl.max(qk, 1))
     # A row that has seen no visible position yet keeps -inf; exp(-inf - -inf) would be NaN.
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -183,16 +175,9 @@ def fold_tile(
     alpha = tl.exp(m - m_safe)  # rescales what was accumulated under the old max
     denom = denom * alpha + tl.sum(p, 1)
     weights = p
-    if V_F16:
-        top = tl.max(v_scale, 0)  # 0 only where every position is masked (and p is 0)
-        inverse = ((254 << 23) - top.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
-        weights = p * (v_scale * tl.where(top > 0, inverse, 0.0))[None, :]
-        tile = tl.dot(weights.to(v.dtype), v, input_precision=DOT_PRECISION)
-        acc = acc * alpha[:, None] + tile * top
-    else:
-        if FP8_KV:
-            weights = p * v_scale[None, :]
-        acc = acc * alpha[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=DOT_PRECISION)
+    if FP8_KV:
+        weights = p * v_scale[None, :]
+    acc = acc * alpha[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, denom, acc
 
 

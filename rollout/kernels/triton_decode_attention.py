@@ -31,8 +31,8 @@ import triton.language as tl
 from rollout.kernels.triton_attention_tiles import (
     add_sinks,
     dot_precision,
-    f16_tiles,
     fold_tile,
+    fp16_keys,
     kv_scale_args,
     load_kv_tile,
     query_for_tiles,
@@ -57,6 +57,7 @@ class DecodeTiles:
     num_stages: int = 3
     target_programs: int = 256  # programs a launch aims at; 0: every piece is split_len long
     full_batch_split_len: int = 1024  # the longest piece once a launch has one piece a sequence
+    fp8_full_batch_split_len: int = 2048  # the same over an FP8 cache (half the bytes a token)
 
     def splits_per_sequence(self, num_seqs: int, num_kv_heads: int) -> int:
         """How many pieces each (sequence, KV head) aims at for a batch of `num_seqs`."""
@@ -64,10 +65,11 @@ class DecodeTiles:
             return 1
         return max(1, triton.cdiv(self.target_programs, max(num_seqs, 1) * num_kv_heads))
 
-    def longest_piece(self, splits_wanted: int) -> int:
+    def longest_piece(self, splits_wanted: int, fp8_kv: bool = False) -> int:
         """The longest piece one program reads, given the pieces each sequence aims at."""
-        if self.target_programs and splits_wanted == 1 and self.full_batch_split_len:
-            return self.full_batch_split_len
+        full_batch = self.fp8_full_batch_split_len if fp8_kv else self.full_batch_split_len
+        if self.target_programs and splits_wanted == 1 and full_batch:
+            return full_batch
         return self.split_len
 
 
@@ -82,7 +84,7 @@ def _decode_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cblock, stride_cslot, stride_chead, stride_bt,
     k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, FP8_KV: tl.constexpr,
-    FAST_WIDEN: tl.constexpr, K_F16: tl.constexpr, V_F16: tl.constexpr,
+    FAST_WIDEN: tl.constexpr, K_F16: tl.constexpr,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
     QUERY_LEN: tl.constexpr, ROWS_PAD: tl.constexpr, MERGE_ROWS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -139,7 +141,7 @@ def _decode_kernel(
             k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs, n_mask, d, d_mask,
             kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
             k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV, FAST_WIDEN,
-            K_F16, V_F16,
+            K_F16,
         )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [ROWS_PAD, BLOCK_N]
         qk = scale_scores(qk, k_scale, q_back, FP8_KV, K_F16)
@@ -151,7 +153,7 @@ def _decode_kernel(
         if HAS_WINDOW:
             visible &= offs[None, :] > q_pos[:, None] - window
         qk = tl.where(visible, qk, float("-inf"))
-        m, denom, acc = fold_tile(qk, v, v_scale, m, denom, acc, DOT_PRECISION, FP8_KV, V_F16)
+        m, denom, acc = fold_tile(qk, v, v_scale, m, denom, acc, DOT_PRECISION, FP8_KV)
     if num_active == 1:  # the whole visible context fit one piece: no partials, no merge
         if HAS_SINKS:
             sink = tl.load(sinks_ptr + heads, mask=row_mask, other=0.0).to(tl.float32)
@@ -280,7 +282,7 @@ def decode_attention(
     if window is not None:
         max_visible = min(max_seq_len_static, window + query_len - 1)
     splits_wanted = tiles.splits_per_sequence(num_seqs, num_kv_heads)
-    split_len = tiles.longest_piece(splits_wanted)
+    split_len = tiles.longest_piece(splits_wanted, kv_scales is not None)
     num_splits = max(splits_wanted, triton.cdiv(max_visible, split_len))
     num_splits = max(1, min(num_splits, triton.cdiv(max_visible, tiles.block_n)))
     part_out = torch.empty(
@@ -293,7 +295,7 @@ def decode_attention(
     out = torch.empty_like(query)
     rows = group * query_len
     merge_rows = max(2, triton.next_power_of_2(rows))
-    k_f16, v_f16 = f16_tiles(query, kv_scales is not None)
+    k_f16 = fp16_keys(query, kv_scales is not None)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, seq_lens, sinks if sinks is not None else query,
         part_out, part_lse, arrivals, out,
@@ -302,7 +304,7 @@ def decode_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         *kv_scale_args(k_cache, kv_scales), FP8_KV=kv_scales is not None,
         FAST_WIDEN=kv_scales is not None and fast_widen(query.dtype, query.device),
-        K_F16=k_f16, V_F16=v_f16,
+        K_F16=k_f16,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, QUERY_LEN=query_len,
         ROWS_PAD=max(16, triton.next_power_of_2(rows)), MERGE_ROWS=merge_rows,
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],

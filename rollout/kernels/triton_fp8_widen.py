@@ -21,8 +21,8 @@ So the result equals the cast for every finite e4m3 value. The one difference: e
 and a NaN written to the KV cache comes from a forward whose own logits were already NaN.
 
 Under Triton's interpreter (CPU) and for fp16/fp32 activations the kernels keep the cast. The
-attention tiles of an FP8 cache may widen to fp16 under bf16 activations instead
-(`triton_attention_tiles.f16_tiles`): that takes one conversion a pair and no integer work.
+K tiles of an FP8 cache widen to fp16 under bf16 activations instead
+(`triton_attention_tiles.fp16_keys`): that takes one conversion a pair and no integer work.
 """
 
 from __future__ import annotations

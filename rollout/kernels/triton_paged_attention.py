@@ -18,8 +18,8 @@ from rollout.kernels.triton_attention_tiles import (
     add_sinks,
     dot_precision,
     e4m3_bits,
-    f16_tiles,
     fold_tile,
+    fp16_keys,
     kv_scale_args,
     load_kv_tile,
     pow2_scale,
@@ -88,7 +88,7 @@ def _extend_kernel(
     q_block_seq_ptr, q_block_start_ptr, sinks_ptr, scale, window, softcap,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cblock, stride_cslot, stride_chead, stride_bt,
     k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, FP8_KV: tl.constexpr,
-    FAST_WIDEN: tl.constexpr, K_F16: tl.constexpr, V_F16: tl.constexpr,
+    FAST_WIDEN: tl.constexpr, K_F16: tl.constexpr,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
@@ -129,7 +129,7 @@ def _extend_kernel(
             k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs_n, n_mask, d, d_mask,
             kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
             k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV, FAST_WIDEN,
-            K_F16, V_F16,
+            K_F16,
         )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N]
         qk = scale_scores(qk, k_scale, q_back, FP8_KV, K_F16)
@@ -139,7 +139,7 @@ def _extend_kernel(
         if HAS_WINDOW:
             visible &= offs_n[None, :] > q_pos[:, None] - window
         qk = tl.where(visible, qk, float("-inf"))
-        m, denom, acc = fold_tile(qk, v, v_scale, m, denom, acc, DOT_PRECISION, FP8_KV, V_F16)
+        m, denom, acc = fold_tile(qk, v, v_scale, m, denom, acc, DOT_PRECISION, FP8_KV)
     if HAS_SINKS:
         sink = tl.load(sinks_ptr + h + offs_m * 0).to(tl.float32)  # [BLOCK_M], one head's
         m, denom, acc = add_sinks(m, denom, acc, sink)
@@ -172,7 +172,7 @@ def extend_attention(
     out = torch.empty_like(query)
     if num_tokens == 0:
         return out
-    k_f16, v_f16 = f16_tiles(query, kv_scales is not None)
+    k_f16 = fp16_keys(query, kv_scales is not None)
     _extend_kernel[(q_block_seq.shape[0], num_heads)](
         query, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens,
         q_block_seq, q_block_start, sinks if sinks is not None else query, scale, window or 0,
@@ -180,7 +180,7 @@ def extend_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         *kv_scale_args(k_cache, kv_scales), FP8_KV=kv_scales is not None,
         FAST_WIDEN=kv_scales is not None and fast_widen(query.dtype, query.device),
-        K_F16=k_f16, V_F16=v_f16,
+        K_F16=k_f16,
         GROUP=num_heads // k_cache.shape[2], HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
         BLOCK_M=EXTEND_BLOCK_M, BLOCK_N=EXTEND_BLOCK_N, DOT_PRECISION=dot_precision(query),
