@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> dict:
     from trainers.job import run_job
     from trainers.job.config_loading import load_config
     from trainers.job.preflight import JobInputError
+    from trainers.task.reward_loading import RewardFunctionError
 
     try:
         config = load_config(args.config, args.overrides)
@@ -62,10 +63,14 @@ def main(argv: list[str] | None = None) -> dict:
         parser.exit(130, f"\n{parser.prog}: stopped\n")
     except Exception as err:
         from trainers.job.trainer_ranks import TrainerRankFailed
+        from trainers.trl_adapter.sharded import NonFiniteWeightsError
 
         if isinstance(err, TrainerRankFailed):  # its rank's traceback went to the rank's log
             parser.exit(1, f"{parser.prog}: error: {err}\n")
-        failed = reward_error_in(err)
+        diverged = chained(err, NonFiniteWeightsError)
+        if diverged is not None:  # the training diverged: what to change, no traceback
+            parser.exit(1, f"{parser.prog}: error: {diverged}\n")
+        failed = chained(err, RewardFunctionError)
         if failed is None:
             raise
         # The user's reward failed: where it raised, once, then one line naming it.
@@ -79,14 +84,13 @@ def main(argv: list[str] | None = None) -> dict:
     return summary
 
 
-def reward_error_in(err: BaseException):
-    """The RewardFunctionError ``err`` is or chains (TRL or accelerate may wrap it), or None."""
-    from trainers.task.reward_loading import RewardFunctionError
-
+def chained(err: BaseException, kind: type[BaseException]):
+    """The exception of type ``kind`` that ``err`` is or chains (TRL or accelerate may wrap
+    it), or None."""
     seen: set[int] = set()
     current: BaseException | None = err
     while current is not None and id(current) not in seen:
-        if isinstance(current, RewardFunctionError):
+        if isinstance(current, kind):
             return current
         seen.add(id(current))
         current = current.__cause__ or current.__context__

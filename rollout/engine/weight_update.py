@@ -18,8 +18,9 @@ NamedTensors = Iterable[tuple[str, torch.Tensor]]
 
 
 def copy_by_name(model: torch.nn.Module, named_tensors: NamedTensors) -> None:
-    """Copy each tensor into the model's parameter of that name (cast to its dtype). Every name
-    and shape is checked first: a mismatch raises ValueError naming it and copies nothing."""
+    """Copy each tensor into the model's parameter of that name (cast to its dtype). Every name,
+    shape and value is checked first: a mismatch, NaN or infinity raises ValueError naming the
+    tensor and copies nothing."""
     params = dict(model.named_parameters())
     pairs = list(named_tensors)
     unknown = [name for name, _ in pairs if name not in params]
@@ -35,6 +36,14 @@ def copy_by_name(model: torch.nn.Module, named_tensors: NamedTensors) -> None:
     ]
     if wrong:
         raise ValueError(f"update_weights: shape mismatch {wrong[:8]}; nothing was copied")
+    floating = [(name, t) for name, t in pairs if t.is_floating_point()]
+    finite = torch.stack([torch.isfinite(t).all().cpu() for _, t in floating]) if floating else []
+    bad = [name for (name, _), ok in zip(floating, finite, strict=True) if not ok]
+    if bad:
+        raise ValueError(
+            f"update_weights: {bad[:8]} hold NaN or infinity; nothing was copied (the model "
+            "keeps its weights)"
+        )
     with torch.no_grad():
         for name, tensor in pairs:
             params[name].copy_(tensor)

@@ -83,6 +83,7 @@ def test_update_weights_copies_by_name_in_place() -> None:
         ("unknown name", "not among the model's parameters"),
         ("wrong shape", "shape mismatch"),
         ("a module", "pass model.named_parameters"),
+        ("a NaN", r"hold NaN or infinity; nothing was copied"),
     ],
 )
 def test_update_weights_refuses_what_does_not_fit_and_copies_nothing(case, message) -> None:
@@ -94,6 +95,7 @@ def test_update_weights_refuses_what_does_not_fit_and_copies_nothing(case, messa
         "unknown name": changed[:3] + [("model.no_such.weight", torch.zeros(1))],
         "wrong shape": changed[:3] + [(changed[0][0], torch.zeros(3))],
         "a module": model,
+        "a NaN": changed[:3] + [(changed[3][0], torch.full_like(changed[3][1], float("nan")))],
     }[case]
     with pytest.raises(ValueError, match=message):
         engine.update_weights(weights)

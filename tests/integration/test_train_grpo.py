@@ -468,3 +468,41 @@ def test_a_raising_reward_ends_the_run_with_one_line_naming_it(
     assert result.stderr.count("Traceback (most recent call last)") == 1, result.stderr
     assert "raise ValueError(REASON)" in result.stderr, "the user's frame is shown"
     assert "rollout worker failed" not in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["streaming", "sync"])
+def test_a_diverged_step_ends_the_run_with_one_line_and_syncs_nothing(
+    tmp_path, policy_dir, prompts_file, mode
+) -> None:
+    """A learning rate past float32's range makes the first step's weights infinite: the sync
+    after it is refused before any actor is touched, and the run ends with exit 1 and one line
+    saying what to change (no traceback)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    rewards = tmp_path / "alternate.py"  # a nonzero advantage whatever is sampled
+    rewards.write_text(
+        "def alternate(prompts, completions, **kw):\n"
+        "    return [float(i % 2) for i in range(len(completions))]\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [
+            sys.executable, "scripts/train_grpo.py", f"output_dir={tmp_path / 'run'}",
+            f"model={policy_dir}", f"dataset.source={prompts_file}", f"trainer.mode={mode}",
+            f"rewards=[{rewards}:alternate]", "trainer.learning_rate=1e300",
+            "trainer.max_steps=3", "trainer.prompts_per_step=2", "trainer.num_generations=2",
+            "trainer.max_completion_length=8", "wandb.mode=disabled",
+            "rollout.engine={max_model_len: 64, max_num_seqs: 16, num_kv_blocks: 64, block_size: 8}",
+        ],
+        cwd=root, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    last = result.stderr.rstrip("\n").splitlines()[-1]
+    assert last.startswith("train_grpo.py: error: the trainer's weights hold NaN or infinity ("), (
+        result.stderr[-3000:]
+    )
+    assert "the weight sync was refused" in last and "lower the learning rate" in last
+    assert "Traceback (most recent call last)" not in result.stderr, result.stderr[-3000:]

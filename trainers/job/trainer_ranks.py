@@ -184,10 +184,12 @@ def _died(err: BaseException) -> bool:
 
 
 def _is_users_error(err: BaseException) -> bool:
-    """Errors that name the user's own input (a reward function): reported as they are."""
+    """Errors that name the user's own input (a reward function) or a training that diverged
+    (weights gone NaN): reported as they are."""
     from trainers.task.reward_loading import RewardFunctionError
+    from trainers.trl_adapter.sharded import NonFiniteWeightsError
 
-    return isinstance(err, RewardFunctionError)
+    return isinstance(err, (RewardFunctionError, NonFiniteWeightsError))
 
 
 def _failure(rank: int, placement: Placement, err: BaseException, when: str = "") -> str:

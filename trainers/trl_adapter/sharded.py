@@ -70,15 +70,55 @@ def full_parameters(model, device) -> Iterator[tuple[str, object]]:
         yield name, full.to(device) if full.device != device else full
 
 
+class NonFiniteWeightsError(RuntimeError):
+    """The trainer's weights hold NaN or infinity: the sync was refused before anything moved."""
+
+
+def refuse_non_finite(accelerator, model) -> None:
+    """Every rank together, before a sync touches the actors: if any rank's parameters (its own
+    shards) hold NaN or infinity, every rank raises NonFiniteWeightsError and nothing is sent, so
+    the actors keep serving the last weights they received whole (a receiver cannot undo buckets
+    it already copied in). One reduction a parameter and one host sync."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    names, finite = [], []
+    for name, param in model.named_parameters():
+        local = param.to_local() if isinstance(param, DTensor) else param
+        if local.numel() and local.is_floating_point():
+            names.append(name)
+            finite.append(torch.isfinite(local.detach()).all())
+    flags = torch.stack(finite).tolist() if finite else []
+    bad = [name for name, ok in zip(names, flags, strict=True) if not ok]
+    total = len(bad)
+    if accelerator.num_processes > 1:
+        count = torch.tensor([total], device=accelerator.device)
+        dist.all_reduce(count)
+        total = int(count.item())
+    if total:
+        here = (
+            f"; on this rank: {', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}" if bad else ""
+        )
+        raise NonFiniteWeightsError(
+            f"the trainer's weights hold NaN or infinity ({total} tensor(s){here}) after a "
+            "training step; the weight sync was refused and the rollout actors keep the last "
+            "weights they received. The step diverged: lower the learning rate, set "
+            "max_grad_norm, or check the rewards and the loss."
+        )
+
+
 def send_to_pool(
     accelerator, model, transfer, lora: bool, probe=None, feed=None
 ) -> tuple[float, float]:
     """One weight sync of `model` (the unwrapped trainer model) through `transfer` (rank 0's
     PoolWeightTransfer; other ranks may pass None), which every rank calls together. `feed`
     (rank_feed.RankFeed, colocated ranks): each rank sends to the actor beside it. Returns the
-    times the actors were paused and the transfer ended."""
+    times the actors were paused and the transfer ended. Weights holding NaN or infinity are
+    refused first (`refuse_non_finite`)."""
     from trl.experimental.async_grpo.async_grpo_trainer import _iter_vllm_named_params
 
+    refuse_non_finite(accelerator, model)
     main = accelerator.is_main_process
     if main:
         transfer.pause()

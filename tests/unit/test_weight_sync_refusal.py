@@ -1,0 +1,95 @@
+"""A trainer whose weights went NaN or infinite syncs nothing (`sharded.refuse_non_finite`): the
+actors keep the last weights they received whole, on one rank or across ranks."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from trainers.trl_adapter.sharded import NonFiniteWeightsError, refuse_non_finite, send_to_pool
+
+
+class RecordingTransfer:
+    """PoolWeightTransfer's surface, recording what the sync asked of the pool."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def pause(self) -> None:
+        self.calls.append("pause")
+
+    def send_weights(self, named, specs=None, device=None) -> None:
+        self.calls.append(f"send {len(list(named))}")
+
+    def resume(self) -> None:
+        self.calls.append("resume")
+
+
+def _one_process() -> SimpleNamespace:
+    return SimpleNamespace(
+        num_processes=1, is_main_process=True, device=torch.device("cpu"),
+        wait_for_everyone=lambda: None,
+    )  # fmt: skip
+
+
+def _model(poison: float | None = None) -> torch.nn.Module:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    if poison is not None:
+        with torch.no_grad():
+            model[1].weight[0, 1] = poison
+    return model
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_weight_stops_the_sync_before_the_actors_are_paused(poison) -> None:
+    transfer = RecordingTransfer()
+    with pytest.raises(NonFiniteWeightsError, match=r"1 tensor\(s\); on this rank: 1.weight"):
+        send_to_pool(_one_process(), _model(poison), transfer, lora=False)
+    assert transfer.calls == []
+
+
+def test_finite_weights_are_sent() -> None:
+    transfer = RecordingTransfer()
+    send_to_pool(_one_process(), _model(), transfer, lora=False)
+    assert transfer.calls == ["pause", "send 4", "resume"]
+
+
+def _rank(rank: int, port: int, results) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=30))
+    accelerator = SimpleNamespace(num_processes=2, device=torch.device("cpu"))
+    try:
+        refuse_non_finite(accelerator, _model(float("nan") if rank == 1 else None))
+        results.put((rank, "sent"))
+    except NonFiniteWeightsError as err:
+        results.put((rank, str(err)))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_one_ranks_nan_stops_every_rank() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=_rank, args=(r, port, results)) for r in range(2)]
+    for p in processes:
+        p.start()
+    try:
+        got = dict(results.get(timeout=90) for _ in processes)
+    finally:
+        for p in processes:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    assert "1 tensor(s))" in got[0]  # rank 0's own weights are finite: no names of its own
+    assert "1 tensor(s); on this rank: 1.weight" in got[1]
