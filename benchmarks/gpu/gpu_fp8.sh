@@ -15,11 +15,14 @@
 #   grpo-fp8-kv-bf16  the same with the FP8 cache's K tiles widened to bf16, not fp16
 #   attn-kv  the decode attention kernel alone at a grpo run's batches, bf16 against FP8 KV
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
-# Logs and JSON go to $OUT_DIR (default ./gpu_out); ROLLOUT_COMMIT=<sha> names the commit.
+# Logs and JSON go to $OUT_DIR (default ./gpu_out), the rollout runs' plots to $PLOT_DIR (default
+# $OUT_DIR: point it elsewhere where only a few files can be brought back); ROLLOUT_COMMIT=<sha>
+# names the commit.
 set -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled
 OUT_DIR=${OUT_DIR:-gpu_out}
-mkdir -p "$OUT_DIR"
+PLOT_DIR=${PLOT_DIR:-$OUT_DIR}
+mkdir -p "$OUT_DIR" "$PLOT_DIR"
 run() {  # run NAME SECONDS ARGS...: one benchmark, its log, the lines that matter
   local name=$1 seconds=$2
   shift 2
@@ -35,7 +38,8 @@ both() {  # both NAME SECONDS ARGS...: bf16 weights, then FP8 (and $FP8_EXTRA, e
     local extra=()
     [ "$q" = fp8 ] && [ -n "${FP8_EXTRA:-}" ] && extra=(--engine "$FP8_EXTRA")
     run "${name}_$q" "$seconds" benchmarks/bench_rollout.py "$@" --modes overlap \
-      --engine weight_quantization=$q "${extra[@]}" --json-out "$OUT_DIR/${name}_$q.json"
+      --engine weight_quantization=$q "${extra[@]}" --json-out "$OUT_DIR/${name}_$q.json" \
+      --plot-out "$PLOT_DIR/${name}_$q.png"
   done
 }
 for part in "$@"; do
@@ -63,10 +67,11 @@ for part in "$@"; do
     grpo-kv) FP8_EXTRA=kv_cache_dtype=fp8 both grpo_kv_qwen3-8b 240 --workload grpo ;;
     grpo-fp8-kv) run grpo_qwen3-8b_fp8_kv 240 benchmarks/bench_rollout.py --workload grpo \
       --modes overlap --engine weight_quantization=fp8 --engine kv_cache_dtype=fp8 \
-      --json-out "$OUT_DIR/grpo_qwen3-8b_fp8_kv.json" ;;
+      --json-out "$OUT_DIR/grpo_qwen3-8b_fp8_kv.json" --plot-out "$PLOT_DIR/grpo_qwen3-8b_fp8_kv.png" ;;
     grpo-fp8-kv-bf16) run grpo_qwen3-8b_fp8_kv_bf16 240 benchmarks/bench_rollout.py --workload grpo \
       --modes overlap --engine weight_quantization=fp8 --engine kv_cache_dtype=fp8 \
-      --fp8-kv-tiles bf16 --json-out "$OUT_DIR/grpo_qwen3-8b_fp8_kv_bf16.json" ;;
+      --fp8-kv-tiles bf16 --json-out "$OUT_DIR/grpo_qwen3-8b_fp8_kv_bf16.json" \
+      --plot-out "$PLOT_DIR/grpo_qwen3-8b_fp8_kv_bf16.png" ;;
     attn-kv) LINES_SHOWN=16 run attention_regimes_fp8_kv 240 benchmarks/bench_attention.py \
       --regimes --fp8-kv --json-out "$OUT_DIR/attention_regimes_fp8_kv.json" ;;
     tail) both grpo_tail 120 --workload grpo --prompts 2 --group-size 4 --length-max 4096 ;;
