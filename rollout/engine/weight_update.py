@@ -36,9 +36,7 @@ def copy_by_name(model: torch.nn.Module, named_tensors: NamedTensors) -> None:
     ]
     if wrong:
         raise ValueError(f"update_weights: shape mismatch {wrong[:8]}; nothing was copied")
-    floating = [(name, t) for name, t in pairs if t.is_floating_point()]
-    finite = torch.stack([torch.isfinite(t).all().cpu() for _, t in floating]) if floating else []
-    bad = [name for (name, _), ok in zip(floating, finite, strict=True) if not ok]
+    bad = [name for name, t in pairs if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:
         raise ValueError(
             f"update_weights: {bad[:8]} hold NaN or infinity; nothing was copied (the model "
