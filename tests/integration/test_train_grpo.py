@@ -442,23 +442,11 @@ def test_a_raising_reward_ends_the_run_with_one_line_naming_it(
 ) -> None:
     """Exit 1; where the reward raised printed once, then a last line naming the function and
     the exception: not a chain of wrappers ending in 'rollout worker failed'."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     reward = tmp_path / "my_rewards.py"
     reward.write_text(FAILING_REWARD)
-    root = Path(__file__).resolve().parents[2]
-    result = subprocess.run(
-        [
-            sys.executable, "scripts/train_grpo.py", f"output_dir={tmp_path / 'run'}",
-            f"model={policy_dir}", f"dataset.source={prompts_file}", f"trainer.mode={mode}",
-            f"rewards=[{reward}:judge]", "trainer.max_steps=1", "trainer.prompts_per_step=2",
-            "trainer.num_generations=2", "trainer.max_completion_length=8", "wandb.mode=disabled",
-            "rollout.engine={max_model_len: 64, max_num_seqs: 16, num_kv_blocks: 64, block_size: 8}",
-        ],
-        cwd=root, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    result = _run_script(
+        tmp_path, policy_dir, prompts_file, mode, f"rewards=[{reward}:judge]", "trainer.max_steps=1"
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     last = result.stderr.rstrip("\n").splitlines()[-1]
     assert last == (
@@ -478,26 +466,14 @@ def test_a_diverged_step_ends_the_run_with_one_line_and_syncs_nothing(
     """A learning rate past float32's range makes the first step's weights infinite: the sync
     after it is refused before any actor is touched, and the run ends with exit 1 and one line
     saying what to change (no traceback)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     rewards = tmp_path / "alternate.py"  # a nonzero advantage whatever is sampled
     rewards.write_text(
         "def alternate(prompts, completions, **kw):\n"
         "    return [float(i % 2) for i in range(len(completions))]\n"
     )
-    root = Path(__file__).resolve().parents[2]
-    result = subprocess.run(
-        [
-            sys.executable, "scripts/train_grpo.py", f"output_dir={tmp_path / 'run'}",
-            f"model={policy_dir}", f"dataset.source={prompts_file}", f"trainer.mode={mode}",
-            f"rewards=[{rewards}:alternate]", "trainer.learning_rate=1e300",
-            "trainer.max_steps=3", "trainer.prompts_per_step=2", "trainer.num_generations=2",
-            "trainer.max_completion_length=8", "wandb.mode=disabled",
-            "rollout.engine={max_model_len: 64, max_num_seqs: 16, num_kv_blocks: 64, block_size: 8}",
-        ],
-        cwd=root, capture_output=True, text=True, timeout=300,
+    result = _run_script(
+        tmp_path, policy_dir, prompts_file, mode, f"rewards=[{rewards}:alternate]",
+        "trainer.learning_rate=1e300", "trainer.max_steps=3",
     )  # fmt: skip
     assert result.returncode == 1, result.stderr[-3000:]
     last = result.stderr.rstrip("\n").splitlines()[-1]
@@ -506,3 +482,23 @@ def test_a_diverged_step_ends_the_run_with_one_line_and_syncs_nothing(
     )
     assert "the weight sync was refused" in last and "lower the learning rate" in last
     assert "Traceback (most recent call last)" not in result.stderr, result.stderr[-3000:]
+
+
+def _run_script(tmp_path, policy_dir, prompts_file, mode, *overrides):
+    """scripts/train_grpo.py as a user runs it: a tiny job of 2 prompts x 2 samples of up to 8
+    tokens, W&B off, plus `overrides`; the finished process (stdout, stderr, exit status)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    return subprocess.run(
+        [
+            sys.executable, "scripts/train_grpo.py", f"output_dir={tmp_path / 'run'}",
+            f"model={policy_dir}", f"dataset.source={prompts_file}", f"trainer.mode={mode}",
+            "trainer.prompts_per_step=2", "trainer.num_generations=2",
+            "trainer.max_completion_length=8", "wandb.mode=disabled",
+            "rollout.engine={max_model_len: 64, max_num_seqs: 16, num_kv_blocks: 64, block_size: 8}",
+            *overrides,
+        ],
+        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300,
+    )  # fmt: skip

@@ -6,37 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.trainer_doubles import OneProcess, RecordingTransfer
 from trainers.trl_adapter.builder import RewardLog
 from trainers.trl_adapter.parity import ParityProbe
 from trainers.trl_adapter.sync import WeightsBeforeGeneration
-
-
-class RecordingTransfer:
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def pause(self) -> None:
-        self.calls.append("pause")
-
-    def send_weights(self, named) -> None:
-        self.calls.append(f"send {len(list(named))}")
-
-    def resume(self) -> None:
-        self.calls.append("resume")
-
-
-class OneProcess:
-    """accelerate's Accelerator as one process on CPU has it, for what the sync calls."""
-
-    num_processes = 1
-    is_main_process = True
-    device = "cpu"
-
-    def wait_for_everyone(self) -> None:
-        pass
-
-    def unwrap_model(self, model):
-        return model
 
 
 def _trainer(step: int):

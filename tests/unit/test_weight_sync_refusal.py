@@ -12,30 +12,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from tests.trainer_doubles import OneProcess, RecordingTransfer
 from trainers.trl_adapter.sharded import NonFiniteWeightsError, refuse_non_finite, send_to_pool
-
-
-class RecordingTransfer:
-    """PoolWeightTransfer's surface, recording what the sync asked of the pool."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def pause(self) -> None:
-        self.calls.append("pause")
-
-    def send_weights(self, named, specs=None, device=None) -> None:
-        self.calls.append(f"send {len(list(named))}")
-
-    def resume(self) -> None:
-        self.calls.append("resume")
-
-
-def _one_process() -> SimpleNamespace:
-    return SimpleNamespace(
-        num_processes=1, is_main_process=True, device=torch.device("cpu"),
-        wait_for_everyone=lambda: None,
-    )  # fmt: skip
 
 
 def _model(poison: float | None = None) -> torch.nn.Module:
@@ -50,13 +28,13 @@ def _model(poison: float | None = None) -> torch.nn.Module:
 def test_a_non_finite_weight_stops_the_sync_before_the_actors_are_paused(poison) -> None:
     transfer = RecordingTransfer()
     with pytest.raises(NonFiniteWeightsError, match=r"1 tensor\(s\); on this rank: 1.weight"):
-        send_to_pool(_one_process(), _model(poison), transfer, lora=False)
+        send_to_pool(OneProcess(), _model(poison), transfer, lora=False)
     assert transfer.calls == []
 
 
 def test_finite_weights_are_sent() -> None:
     transfer = RecordingTransfer()
-    send_to_pool(_one_process(), _model(), transfer, lora=False)
+    send_to_pool(OneProcess(), _model(), transfer, lora=False)
     assert transfer.calls == ["pause", "send 4", "resume"]
 
 
