@@ -142,3 +142,83 @@ def test_split_k_matches_and_repeats_in_a_graph(split_k: int, fp8: bool) -> None
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(y, first)
+
+
+def _e4m3_grid(k: int) -> torch.Tensor:
+    """[rows, k] bf16 whose groups of ACT_GROUP columns (scale 1: each group holds a value in
+    (224, 448]) sweep every e4m3 magnitude, the midpoints between neighbours (ties) and the
+    values just beside them, both signs."""
+    from rollout.kernels.torch_fp8 import FP8_DTYPE
+
+    codes = torch.arange(0, 127, dtype=torch.uint8).view(FP8_DTYPE).float()  # 0 .. 448
+    mids = (codes[:-1] + codes[1:]) / 2
+    values = torch.cat([codes, mids, mids * (1 + 2**-7), mids * (1 - 2**-7)])
+    values = torch.cat([values, -values]).bfloat16().float()  # what bf16 activations can hold
+    per_group = 127  # one column per group carries 448, so the group's scale is 1
+    groups = -(-values.numel() // per_group)
+    padded = torch.zeros(groups * per_group)
+    padded[: values.numel()] = values
+    grid = torch.cat([padded.view(groups, per_group), torch.full((groups, 1), 448.0)], dim=1)
+    return grid.flatten()[: (grid.numel() // k) * k].view(-1, k).bfloat16().cuda()
+
+
+def test_act_fp8_rounds_as_torch_casts() -> None:
+    """The kernel's e4m3 rounding of the activations (the GPU's conversion) against the twin's
+    (torch's cast, round to nearest even): through an identity weight, each output is one
+    rounded input, exactly."""
+    from rollout.kernels.torch_fp8 import ACT_GROUP, FP8_DTYPE, round_activations
+
+    k = 4 * ACT_GROUP
+    x = _e4m3_grid(k)
+    rows = min(64, x.shape[0])
+    x = x[:rows].contiguous()
+    eye = torch.eye(k, device="cuda").to(FP8_DTYPE)
+    y = torch.empty(rows, k, device="cuda", dtype=torch.bfloat16)
+    triton_linear.launch(x, eye, None, y, 64, ACT_GROUP, 4, 1, scale=torch.ones(k, device="cuda"),
+                         act_fp8=True)  # fmt: skip
+    assert torch.equal(y, round_activations(x))
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+@pytest.mark.parametrize(
+    "rows,n,k",
+    [(1, 4096, 4096), (7, 1000, 896), (16, 24576, 4096), (33, 4096, 12288), (64, 640, 576)],
+)
+def test_act_fp8_linear_matches_its_twin(rows: int, n: int, k: int, split_k: int) -> None:
+    """FP8 weights and activations: the kernel against the fp32 GEMM of the rounded activations
+    (`round_activations`) and the dequantized weights, bf16 in and out; a replayed graph repeats
+    the bits."""
+    from rollout.kernels.torch_fp8 import (
+        FP8_DTYPE,
+        fp8_linear_reference,
+        round_activations,
+        round_to_fp8_,
+    )  # fmt: skip
+
+    g = torch.Generator(device="cuda").manual_seed(rows * split_k)
+    x = torch.randn(rows, k, device="cuda", generator=g) * torch.logspace(-2, 1, k, device="cuda")
+    x = x.bfloat16()
+    weight = (torch.randn(n, k, device="cuda", generator=g) * 0.02).bfloat16()
+    q, scale = torch.empty(n, k, device="cuda", dtype=FP8_DTYPE), torch.empty(n, device="cuda")
+    round_to_fp8_(weight, q, scale)
+    want = fp8_linear_reference(round_activations(x).float(), q, scale)
+    y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
+    tiles = triton_linear._act_fp8_tiles(rows, n)
+    tiles = (tiles[0], tiles[1], tiles[2], split_k, tiles[4])
+
+    def run() -> None:
+        triton_linear.launch(x, q, None, y, *tiles, scale=scale, act_fp8=True)
+
+    run()
+    first = y.clone()
+    assert _rel_error(first, want) < 4e-3
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        run()
+    for _ in range(3):
+        y.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, first)
