@@ -5,7 +5,6 @@ the bf16 weight and over its FP8 form (e4m3, a scale per output row).
     python benchmarks/bench_gemm.py --m 64 --sweep  # also try every tile choice of the Triton kernel
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 8
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 64 --fp8-sweep  # FP8 tile choices only
-    python benchmarks/bench_gemm.py --shapes qwen3-8b --m 8 --act-fp8-sweep  # FP8 weights + activations
 
 The FP8 kernel is timed twice: widening e4m3 through `triton_fp8_widen`'s integer path (the
 engine's) and through Triton's own cast (`..._cast`), whose outputs must agree bit for bit.
@@ -52,9 +51,6 @@ FP8_SWEEP = list(itertools.product((16, 32, 64), (128, 256, 512), (3, 4, 6), (1,
 FP8_SWEEP += list(itertools.product((32, 64), (256, 512), (4,), (1, 2, 4), (8,)))
 # --fp8-sweep: the FP8 kernel's choices alone, fewer of them, at 8 to 128 rows
 FP8_ROWS_SWEEP = list(itertools.product((32, 64), (128, 256), (3, 4), (1, 2, 4), (4, 8)))
-# --act-fp8-sweep: the kernel over FP8 weights and FP8 activations (BLOCK_K is their group)
-ACT_FP8_SWEEP = list(itertools.product((64, 128), (128,), (4, 6, 8), (1, 2, 4), (4,)))
-ACT_FP8_SWEEP += list(itertools.product((128, 256), (128,), (4, 6), (1, 2), (8,)))
 
 
 def time_in_graph(fn, copies: int, replays: int = 20) -> float:
@@ -102,7 +98,7 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: str) -> dict:
     import torch
 
     from rollout.kernels import triton_linear
-    from rollout.kernels.torch_fp8 import FP8_DTYPE, round_activations, round_to_fp8_
+    from rollout.kernels.torch_fp8 import FP8_DTYPE, round_to_fp8_
 
     weight_bytes = n * k * 2
     copies = max(2, -(-4 * L2_BYTES // weight_bytes))  # together well past the L2 cache
@@ -121,14 +117,8 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: str) -> dict:
         triton_linear.launch(x, q, None, y8, *triton_linear._tiles(m, n, 1), scale=scale)
         return y8
 
-    def act_fp8_kernel(i):  # the kernel over FP8 weights and FP8-rounded activations
-        q, scale = fp8[i]
-        tiles = triton_linear._act_fp8_tiles(m, n)
-        triton_linear.launch(x, q, None, y8, *tiles, scale=scale, act_fp8=True)
-        return y8
-
-    def rel_error(got, reference=want):
-        return ((got.float() - reference).norm() / reference.norm()).item()
+    def rel_error(got):
+        return ((got.float() - want).norm() / want.norm()).item()
 
     fp8_out = fp8_kernel(0).clone()
     with widening_by_cast():
@@ -141,18 +131,12 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: str) -> dict:
         "rel_error": rel_error(triton_linear.decode_linear(x, weights[0], None)),
         "fp8_rel_error": rel_error(fp8_out),
         "fp8_widenings_agree": bool(torch.equal(fp8_out, cast_out)),
-        # against its own model (x rounded by the twin) and against bf16 x
-        "act_fp8_rel_error_twin": rel_error(
-            act_fp8_kernel(0), (round_activations(x).float() @ weights[0].float().T)
-        ),
-        "act_fp8_rel_error": rel_error(act_fp8_kernel(0)),
     }
     candidates = [
         ("cublas", weight_bytes, lambda i: x @ weights[i].T, False),
         ("triton", weight_bytes, lambda i: triton_linear.decode_linear(x, weights[i], None), False),
         ("triton_fp8", n * k + 4 * n, fp8_kernel, False),
         ("triton_fp8_cast", n * k + 4 * n, fp8_kernel, True),
-        ("triton_act_fp8", n * k + 4 * n, act_fp8_kernel, False),
     ]
     for label, nbytes, fn, by_cast in candidates:
         with widening_by_cast(by_cast):
@@ -168,16 +152,8 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: str) -> dict:
                 FP8_SWEEP if sweep == "all" else FP8_ROWS_SWEEP,
                 lambda i, t: triton_linear.launch(x, fp8[i][0], None, y, *t, scale=fp8[i][1]),
             ),
-            (
-                "act_fp8_sweep",
-                ACT_FP8_SWEEP,
-                lambda i, t: triton_linear.launch(
-                    x, fp8[i][0], None, y, *t, scale=fp8[i][1], act_fp8=True
-                ),
-            ),
         ]
-        chosen = {"all": sweeps, "fp8": sweeps[1:2], "act-fp8": sweeps[2:]}[sweep]
-        for key, tile_choices, launch_with in chosen:
+        for key, tile_choices, launch_with in sweeps[1:] if sweep == "fp8" else sweeps:
             timed = {}
             for tiles in tile_choices:
                 try:
@@ -206,11 +182,6 @@ def main() -> None:
         action="store_true",
         help="time the FP8 kernel's tile choices (FP8_ROWS_SWEEP)",
     )
-    parser.add_argument(
-        "--act-fp8-sweep",
-        action="store_true",
-        help="time the tile choices of the kernel over FP8 weights and activations (ACT_FP8_SWEEP)",
-    )
     parser.add_argument("--shapes", choices=sorted(SHAPES), default="w1")
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
@@ -226,10 +197,11 @@ def main() -> None:
         " weight bytes (bf16, or FP8 + scales) / time"
     )
     for name, n, k in SHAPES[args.shapes]:
-        if (args.fp8_sweep or args.act_fp8_sweep) and name == "lm_head":
+        if args.fp8_sweep and name == "lm_head":
             continue  # the engine keeps the LM head in bf16: no FP8 tiles to choose
-        sweep = "all" if args.sweep else "fp8" if args.fp8_sweep else ""
-        row = measure_shape(name, n, k, args.m, "act-fp8" if args.act_fp8_sweep else sweep)
+        row = measure_shape(
+            name, n, k, args.m, "all" if args.sweep else "fp8" if args.fp8_sweep else ""
+        )
         rows.append(row)
         line = (
             f"  {name:8s} N={n:6d} K={k:5d}  cuBLAS {row['cublas_ms'] * 1e3:6.1f} us "
@@ -238,17 +210,11 @@ def main() -> None:
             f"{row['triton_fp8_tb_per_s']:.2f} TB/s ({row['cublas_ms'] / row['triton_fp8_ms']:.2f}x"
             f" cuBLAS; by cast {row['triton_fp8_cast_ms'] * 1e3:.1f} us"
             f"{'' if row['fp8_widenings_agree'] else ', OUTPUTS DIFFER'})"
-            f" | FP8 w+act {row['triton_act_fp8_ms'] * 1e3:6.1f} us"
-            f" {row['triton_act_fp8_tb_per_s']:.2f} TB/s"
-            f" | rel err {row['rel_error']:.1e}, FP8 {row['fp8_rel_error']:.1e}, FP8 w+act"
-            f" {row['act_fp8_rel_error']:.1e} ({row['act_fp8_rel_error_twin']:.1e} to its twin)"
+            f" | rel err {row['rel_error']:.1e}, FP8 {row['fp8_rel_error']:.1e}"
         )
         if "sweep_best" in row:
             best = row["sweep_best"]
             line += f" | best tiles {best['tiles']} {best['ms'] * 1e3:.1f} us"
-        if "act_fp8_sweep_best" in row:
-            best = row["act_fp8_sweep_best"]
-            line += f" | best w+act tiles {best['tiles']} {best['ms'] * 1e3:.1f} us"
         if "fp8_sweep_best" in row:
             best8 = row["fp8_sweep_best"]
             line += f" | best FP8 tiles {best8['tiles']} {best8['ms'] * 1e3:.1f} us"

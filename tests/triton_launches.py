@@ -150,7 +150,7 @@ def bf16_twins(launches: list[dict]) -> list[dict]:
         twin["args"]["FAST_WIDEN"] = {"value": True}
         if "K_F16" in twin["args"]:  # the FP8 cache's K tiles as bf16 queries widen them
             twin["args"]["K_F16"] = {"value": fp16_keys(torch.zeros(1, dtype=torch.bfloat16), True)}
-        for name, value in (("IEEE", False), ("DOT_PRECISION", "tf32"), ("ROUND_BY_BITS", False)):
+        for name, value in (("IEEE", False), ("DOT_PRECISION", "tf32")):
             if name in twin["args"]:
                 twin["args"][name] = {"value": value}
         twins.setdefault(json.dumps(twin, sort_keys=True), twin)

@@ -57,22 +57,6 @@ def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-ACT_GROUP = 128
-"""Columns of an activation row that share one scale when activations are rounded to FP8."""
-
-
-def round_activations(x: torch.Tensor) -> torch.Tensor:
-    """x [..., K] rounded to e4m3, in x's dtype: each row in groups of ACT_GROUP columns (the last
-    one shorter when K is not a multiple), each group with the power-of-two scale of its largest
-    magnitude (`pow2_scales`). What a projection's input becomes with FP8 activations, and the
-    oracle of the kernel that does it on the fly (`triton_linear`, act_fp8)."""
-    k = x.shape[-1]
-    groups = F.pad(x.float(), (0, (-k) % ACT_GROUP)).unflatten(-1, (-1, ACT_GROUP))
-    scale = pow2_scales(groups.abs().amax(dim=-1)).contiguous()
-    q = (groups * pow2_inverse(scale)[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return (q.float() * scale[..., None]).flatten(-2)[..., :k].to(x.dtype)
-
-
 def pow2_inverse(scale: torch.Tensor) -> torch.Tensor:
     """1 / scale for powers of two, exactly (a multiply by it is exact where a divide need not be
     in a kernel)."""

@@ -28,8 +28,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from rollout.kernels.torch_fp8 import ACT_GROUP, FP8_DTYPE
-from rollout.kernels.triton_fp8_rounding import e4m3_bits, pow2_scale
+from rollout.kernels.torch_fp8 import FP8_DTYPE
 from rollout.kernels.triton_fp8_widen import fast_widen, widen_e4m3
 
 MAX_ROWS = 64
@@ -40,7 +39,7 @@ def _decode_linear_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
     FP8: tl.constexpr, IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    FAST_WIDEN: tl.constexpr, ACT_FP8: tl.constexpr, ROUND_BY_BITS: tl.constexpr,
+    FAST_WIDEN: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
@@ -51,45 +50,6 @@ def _decode_linear_kernel(
     # of BLOCK_K): more programs in flight for the narrow outputs.
     k_len = K // SPLIT_K
     k_begin = tl.program_id(1) * k_len
-    if ACT_FP8:
-        acc = _act_fp8_loop(
-            x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, offs_m, offs_n, m_mask, n_mask,
-            k_begin, k_len, BLOCK_M, BLOCK_N, BLOCK_K, ROUND_BY_BITS,
-        )  # fmt: skip
-    else:
-        acc = _widening_loop(
-            x_ptr, w_ptr, K, stride_xm, stride_wn, offs_m, offs_n, m_mask, n_mask, k_begin, k_len,
-            FP8, IEEE, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, FAST_WIDEN,
-        )  # fmt: skip
-    if SPLIT_K > 1:
-        # Each slice leaves its partial sums in the workspace; the last of a column block's
-        # programs to arrive adds them in slice order (deterministic), finishes and re-arms the
-        # block's counter for the next launch: one launch, no reduction kernel.
-        part = part_ptr + offs_m[:, None] * N + offs_n[None, :]
-        mn_mask = m_mask[:, None] & n_mask[None, :]
-        tl.store(part + tl.program_id(1) * M * N, acc, mask=mn_mask)
-        tl.debug_barrier()  # every thread's partial stores before the release below
-        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
-            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            for s in range(SPLIT_K):  # .cg: read from L2, where the other programs wrote
-                acc += tl.load(part + s * M * N, mask=mn_mask, other=0.0, cache_modifier=".cg")
-            tl.atomic_xchg(count_ptr + pid_n, 0)
-            _finish(
-                acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, FP8, HAS_BIAS
-            )
-    else:
-        _finish(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, FP8, HAS_BIAS)
-
-
-@triton.jit
-def _widening_loop(
-    x_ptr, w_ptr, K, stride_xm, stride_wn, offs_m, offs_n, m_mask, n_mask, k_begin, k_len,
-    FP8: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FAST_WIDEN: tl.constexpr,
-):  # fmt: skip
-    """x's rows times this program's weight columns over its K slice, the weight (bf16, or FP8
-    widened to x's dtype) as stored: [BLOCK_M, BLOCK_N] fp32."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_begin, k_begin + k_len, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -110,42 +70,25 @@ def _widening_loop(
             acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
         else:
             acc = tl.dot(x, tl.trans(w), acc)
-    return acc
-
-
-@triton.jit
-def _act_fp8_loop(
-    x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, offs_m, offs_n, m_mask, n_mask, k_begin, k_len,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ROUND_BY_BITS: tl.constexpr,
-):  # fmt: skip
-    """The same product with x rounded to e4m3 in groups of BLOCK_K (= ACT_GROUP) columns, a
-    power-of-two scale per (row, group) (`torch_fp8.round_activations`), so both operands enter
-    the tensor cores' FP8 MMA as stored: nothing is widened. The weight is the MMA's wide left
-    operand ([BLOCK_N, BLOCK_K] x [BLOCK_K, BLOCK_M]: decode's few rows fill an MMA's narrow
-    side), each group's exact product of e4m3 values is scaled by its rows' scales and added in
-    fp32. Returns [BLOCK_M, BLOCK_N] fp32."""
-    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    for k0 in range(k_begin, k_begin + k_len, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < K
-        x = tl.load(
-            x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-            mask=m_mask[:, None] & k_mask[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        w = tl.load(
-            w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :],
-            mask=n_mask[:, None] & k_mask[None, :],
-            other=0.0,
-        )
-        x_scale, x_inverse = pow2_scale(tl.max(tl.abs(x), 1))
-        if ROUND_BY_BITS:  # Triton's CPU interpreter loses the carry into the next binade
-            x8 = e4m3_bits(x * x_inverse[:, None]).to(tl.float8e4nv, bitcast=True)
-        else:  # the GPU's conversion rounds to nearest even, as torch's cast does
-            x8 = (x * x_inverse[:, None]).to(tl.float8e4nv)
-        acc += tl.dot(w, tl.trans(x8)) * x_scale[None, :]
-    return tl.trans(acc)
+    if SPLIT_K > 1:
+        # Each slice leaves its partial sums in the workspace; the last of a column block's
+        # programs to arrive adds them in slice order (deterministic), finishes and re-arms the
+        # block's counter for the next launch: one launch, no reduction kernel.
+        part = part_ptr + offs_m[:, None] * N + offs_n[None, :]
+        mn_mask = m_mask[:, None] & n_mask[None, :]
+        tl.store(part + tl.program_id(1) * M * N, acc, mask=mn_mask)
+        tl.debug_barrier()  # every thread's partial stores before the release below
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for s in range(SPLIT_K):  # .cg: read from L2, where the other programs wrote
+                acc += tl.load(part + s * M * N, mask=mn_mask, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + pid_n, 0)
+            _finish(
+                acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, FP8, HAS_BIAS
+            )
+    else:
+        _finish(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, FP8, HAS_BIAS)
 
 
 @triton.jit
@@ -188,12 +131,6 @@ def _tiles(rows: int, n: int, weight_bytes: int = 2, x_bytes: int = 2) -> tuple[
     while 2 * stage_bytes() > SHARED_MEMORY_BUDGET and block_k > 32:
         block_k //= 2
     return block_n, block_k, max(2, min(stages, SHARED_MEMORY_BUDGET // stage_bytes())), split_k, 4
-
-
-def _act_fp8_tiles(rows: int, n: int) -> tuple[int, ...]:
-    """(BLOCK_N, BLOCK_K, stages, K split, warps) of the kernel over FP8 weights and activations:
-    BLOCK_K is the activations' group; K split for the narrow outputs."""
-    return (64, ACT_GROUP, 6, 2 if n < FP8_MIN_COLUMNS else 1, 4)
 
 
 def _block_m(rows: int) -> int:
@@ -264,15 +201,11 @@ def decode_linear(
 
 def launch(
     x, weight, bias, y, block_n: int, block_k: int, stages: int, split_k: int = 1, warps: int = 4,
-    *, scale=None, act_fp8: bool = False,
+    *, scale=None,
 ) -> None:  # fmt: skip
     """y[M, N] = x[M, K] @ weight[N, K].T (+ bias) with the given tiles (bench_gemm.py sweeps
     them); with `scale` [N], weight is FP8 and y = (x @ weight.T) * scale (+ bias). `split_k`
-    slices K over that many programs per column block (whole BLOCK_K tiles each, else no split).
-    With `act_fp8` (FP8 weights only), x is rounded to e4m3 in groups of ACT_GROUP columns
-    first (`torch_fp8.round_activations`), and block_k must be ACT_GROUP."""
-    if act_fp8 and (scale is None or block_k != ACT_GROUP):
-        raise ValueError(f"act_fp8 needs an FP8 weight and block_k == {ACT_GROUP}, not {block_k}")
+    slices K over that many programs per column block (whole BLOCK_K tiles each, else no split)."""
     rows, k = x.shape
     n = weight.shape[0]
     column_blocks = triton.cdiv(n, block_n)
@@ -290,8 +223,7 @@ def launch(
         rows, n, k, x.stride(0), weight.stride(0), y.stride(0),
         FP8=scale is not None, IEEE=x.dtype == torch.float32, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
         SPLIT_K=split_k, BLOCK_M=_block_m(rows), BLOCK_N=block_n, BLOCK_K=block_k,
-        FAST_WIDEN=scale is not None and fast_widen(x.dtype, x.device), ACT_FP8=act_fp8,
-        ROUND_BY_BITS=act_fp8 and not x.is_cuda,
+        FAST_WIDEN=scale is not None and fast_widen(x.dtype, x.device),
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
 

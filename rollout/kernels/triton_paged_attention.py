@@ -17,10 +17,12 @@ from rollout.kernels.tiling import EXTEND_BLOCK_M
 from rollout.kernels.triton_attention_tiles import (
     add_sinks,
     dot_precision,
+    e4m3_bits,
     fold_tile,
     fp16_keys,
     kv_scale_args,
     load_kv_tile,
+    pow2_scale,
     query_for_tiles,
     scale_scores,
     soft_cap,
@@ -30,7 +32,6 @@ from rollout.kernels.triton_decode_attention import (  # noqa: F401 - the backen
     DecodeTiles,
     decode_attention,
 )
-from rollout.kernels.triton_fp8_rounding import e4m3_bits, pow2_scale
 from rollout.kernels.triton_fp8_widen import fast_widen
 
 EXTEND_BLOCK_N = 64
