@@ -49,6 +49,9 @@ L2_BYTES = 64 << 20  # a little above the H200's 50 MB
 SWEEP = list(itertools.product((32, 64), (128, 256), (4, 6), (1, 2, 4), (4,)))
 FP8_SWEEP = list(itertools.product((16, 32, 64), (128, 256, 512), (3, 4, 6), (1, 2, 4, 8), (4,)))
 FP8_SWEEP += list(itertools.product((32, 64), (256, 512), (4,), (1, 2, 4), (8,)))
+# --gemv-sweep: the FP8 kernel's CUDA-core path (BLOCK_N, BLOCK_K, stages, split_k, warps), those
+# whose fp32 accumulator fits 64 registers a thread at the rows given
+GEMV_SWEEP = list(itertools.product((4, 8, 16), (256, 512, 1024), (1,), (1, 2, 4), (4, 8)))
 # --fp8-sweep: the FP8 kernel's choices alone, fewer of them, at 8 to 128 rows
 FP8_ROWS_SWEEP = list(itertools.product((32, 64), (128, 256), (3, 4), (1, 2, 4), (4, 8)))
 
@@ -120,6 +123,13 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: str) -> dict:
     def rel_error(got):
         return ((got.float() - want).norm() / want.norm()).item()
 
+    def gemv_kernel(i):  # the FP8 kernel's CUDA-core path at its tiles
+        q, scale = fp8[i]
+        tiles = triton_linear._gemv_tiles(m, n)
+        triton_linear.launch(x, q, None, y8, *tiles, scale=scale, gemv=True)
+        return y8
+
+    gemv_out = gemv_kernel(0).clone() if m <= 8 else None
     fp8_out = fp8_kernel(0).clone()
     with widening_by_cast():
         cast_out = fp8_kernel(0).clone()
@@ -131,13 +141,20 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: str) -> dict:
         "rel_error": rel_error(triton_linear.decode_linear(x, weights[0], None)),
         "fp8_rel_error": rel_error(fp8_out),
         "fp8_widenings_agree": bool(torch.equal(fp8_out, cast_out)),
-    }
+        "gemv_rel_error": rel_error(gemv_out) if gemv_out is not None else None,
+        # against the FP8 model itself (the dequantized weight's fp32 GEMM)
+        "gemv_rel_error_fp8": (
+            ((gemv_out.float() - x.float() @ weights[0].float().T).norm()
+             / (x.float() @ weights[0].float().T).norm()).item()
+            if gemv_out is not None else None
+        ),
+    }  # fmt: skip
     candidates = [
         ("cublas", weight_bytes, lambda i: x @ weights[i].T, False),
         ("triton", weight_bytes, lambda i: triton_linear.decode_linear(x, weights[i], None), False),
         ("triton_fp8", n * k + 4 * n, fp8_kernel, False),
         ("triton_fp8_cast", n * k + 4 * n, fp8_kernel, True),
-    ]
+    ] + ([("triton_gemv", n * k + 4 * n, gemv_kernel, False)] if m <= 8 else [])
     for label, nbytes, fn, by_cast in candidates:
         with widening_by_cast(by_cast):
             ms = time_in_graph(fn, copies)
@@ -152,8 +169,20 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: str) -> dict:
                 FP8_SWEEP if sweep == "all" else FP8_ROWS_SWEEP,
                 lambda i, t: triton_linear.launch(x, fp8[i][0], None, y, *t, scale=fp8[i][1]),
             ),
+            (
+                "gemv_sweep",
+                [
+                    t
+                    for t in GEMV_SWEEP
+                    if (1 << (m - 1).bit_length()) * t[0] * t[1] <= 64 * 32 * t[4]
+                ],
+                lambda i, t: triton_linear.launch(
+                    x, fp8[i][0], None, y, *t, scale=fp8[i][1], gemv=True
+                ),
+            ),
         ]
-        for key, tile_choices, launch_with in sweeps[1:] if sweep == "fp8" else sweeps:
+        chosen = {"all": sweeps[:2], "fp8": sweeps[1:2], "gemv": sweeps[2:]}[sweep]
+        for key, tile_choices, launch_with in chosen:
             timed = {}
             for tiles in tile_choices:
                 try:
@@ -166,6 +195,72 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: str) -> dict:
             row[f"{key}_best_unsplit"] = {"tiles": list(unsplit), "ms": timed[unsplit]}
             row[f"{key}_all"] = [[*t, round(ms * 1e3, 2)] for t, ms in sorted(timed.items())]
     return row
+
+
+def _prefetch_kernel():
+    """A Triton kernel that asks the GPU to copy [ptr, ptr + nbytes) from memory into L2 and
+    returns at once (`cp.async.bulk.prefetch.L2`: no completion to wait for): 32 threads a
+    program, CHUNK bytes each."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def prefetch_l2(ptr, nbytes, CHUNK: tl.constexpr):
+        offs = (tl.program_id(0) * 32 + tl.arange(0, 32)).to(tl.int64) * CHUNK
+        size = tl.minimum(nbytes - offs, CHUNK).to(tl.int32)
+        size = tl.where(size > 0, size, 0)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r", [ptr + offs, size], dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
+
+    return prefetch_l2
+
+
+def measure_prefetch(name: str, n: int, k: int, m: int, sleep_us: float) -> dict:
+    """The engine's FP8 GEMM after `sleep_us` of other work that reads no memory: its weight
+    cold (each call another copy, from DRAM), asked into L2 before that work (a bulk prefetch),
+    or already in L2 (one copy, if it fits). The time of the work alone is subtracted."""
+    import torch
+    import triton
+
+    from rollout.kernels import triton_linear
+    from rollout.kernels.torch_fp8 import FP8_DTYPE, round_to_fp8_
+
+    copies = max(2, -(-4 * L2_BYTES // (n * k)))
+    fp8 = []
+    for _ in range(copies):
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        q, scale = torch.empty(n, k, device="cuda", dtype=FP8_DTYPE), torch.empty(n, device="cuda")
+        round_to_fp8_(w, q, scale)
+        fp8.append((q, scale))
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    tiles = triton_linear._tiles(m, n, 1)
+    cycles = int(sleep_us * torch.cuda.get_device_properties(0).clock_rate / 1e3)
+    chunk = 16384
+    prefetch = _prefetch_kernel()
+
+    def gemm(i):
+        triton_linear.launch(x, fp8[i][0], None, y, *tiles, scale=fp8[i][1])
+
+    def work():
+        torch.cuda._sleep(cycles)
+
+    def ask(i):
+        q = fp8[i][0]
+        prefetch[(triton.cdiv(q.numel(), 32 * chunk),)](q, q.numel(), CHUNK=chunk, num_warps=1)
+
+    alone = time_in_graph(lambda i: work(), copies)
+    rows = {
+        "name": name, "n": n, "k": k, "m": m, "sleep_us": sleep_us,
+        "work_alone_ms": alone,
+        "cold_ms": time_in_graph(lambda i: (work(), gemm(i)), copies) - alone,
+        "prefetched_ms": time_in_graph(lambda i: (ask(i), work(), gemm(i)), copies) - alone,
+        "hot_ms": time_in_graph(lambda i: (work(), gemm(0)), copies) - alone,
+        "prefetch_alone_ms": time_in_graph(ask, copies),
+    }  # fmt: skip
+    return rows
 
 
 def main() -> None:
@@ -182,6 +277,19 @@ def main() -> None:
         action="store_true",
         help="time the FP8 kernel's tile choices (FP8_ROWS_SWEEP)",
     )
+    parser.add_argument(
+        "--gemv-sweep",
+        action="store_true",
+        help="time the tile choices of the FP8 kernel's CUDA-core path (GEMV_SWEEP; up to 8 rows)",
+    )
+    parser.add_argument(
+        "--l2-prefetch",
+        type=float,
+        default=0.0,
+        metavar="US",
+        help="time the FP8 GEMMs after US microseconds of other work: weights cold, asked into "
+        "L2 before that work, or already there",
+    )
     parser.add_argument("--shapes", choices=sorted(SHAPES), default="w1")
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
@@ -196,12 +304,23 @@ def main() -> None:
         f"decode GEMMs of {args.shapes} at M = {args.m}, bf16 activations; effective bandwidth ="
         " weight bytes (bf16, or FP8 + scales) / time"
     )
-    for name, n, k in SHAPES[args.shapes]:
-        if args.fp8_sweep and name == "lm_head":
+    if args.l2_prefetch:
+        for name, n, k in SHAPES[args.shapes]:
+            row = measure_prefetch(name, n, k, args.m, args.l2_prefetch)
+            rows.append(row)
+            print(
+                f"  {name:8s} FP8 after {args.l2_prefetch:.0f} us of work: cold"
+                f" {row['cold_ms'] * 1e3:6.1f} us | prefetched {row['prefetched_ms'] * 1e3:6.1f} us"
+                f" | in L2 {row['hot_ms'] * 1e3:6.1f} us | the prefetch launch alone"
+                f" {row['prefetch_alone_ms'] * 1e3:.1f} us (work alone"
+                f" {row['work_alone_ms'] * 1e3:.1f} us)",
+                flush=True,
+            )
+    for name, n, k in [] if args.l2_prefetch else SHAPES[args.shapes]:
+        if (args.fp8_sweep or args.gemv_sweep) and name == "lm_head":
             continue  # the engine keeps the LM head in bf16: no FP8 tiles to choose
-        row = measure_shape(
-            name, n, k, args.m, "all" if args.sweep else "fp8" if args.fp8_sweep else ""
-        )
+        sweep = "all" if args.sweep else "fp8" if args.fp8_sweep else ""
+        row = measure_shape(name, n, k, args.m, "gemv" if args.gemv_sweep else sweep)
         rows.append(row)
         line = (
             f"  {name:8s} N={n:6d} K={k:5d}  cuBLAS {row['cublas_ms'] * 1e3:6.1f} us "
@@ -212,6 +331,15 @@ def main() -> None:
             f"{'' if row['fp8_widenings_agree'] else ', OUTPUTS DIFFER'})"
             f" | rel err {row['rel_error']:.1e}, FP8 {row['fp8_rel_error']:.1e}"
         )
+        if "triton_gemv_ms" in row:
+            line += (
+                f" | FP8 CUDA cores {row['triton_gemv_ms'] * 1e3:6.1f} us"
+                f" {row['triton_gemv_tb_per_s']:.2f} TB/s (rel err to the FP8 model"
+                f" {row['gemv_rel_error_fp8']:.1e})"
+            )
+        if "gemv_sweep_best" in row:
+            best = row["gemv_sweep_best"]
+            line += f" | best CUDA-core tiles {best['tiles']} {best['ms'] * 1e3:.1f} us"
         if "sweep_best" in row:
             best = row["sweep_best"]
             line += f" | best tiles {best['tiles']} {best['ms'] * 1e3:.1f} us"

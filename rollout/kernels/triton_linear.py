@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from rollout.kernels.torch_fp8 import FP8_DTYPE
-from rollout.kernels.triton_fp8_widen import fast_widen, widen_e4m3
+from rollout.kernels.triton_fp8_widen import fast_widen, widen_e4m3, widen_e4m3_f32_unbiased
 
 MAX_ROWS = 64
 
@@ -39,7 +39,7 @@ def _decode_linear_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
     FP8: tl.constexpr, IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    FAST_WIDEN: tl.constexpr,
+    FAST_WIDEN: tl.constexpr, GEMV: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
@@ -50,6 +50,45 @@ def _decode_linear_kernel(
     # of BLOCK_K): more programs in flight for the narrow outputs.
     k_len = K // SPLIT_K
     k_begin = tl.program_id(1) * k_len
+    if GEMV:
+        acc = _gemv_slice(
+            x_ptr, w_ptr, K, stride_xm, stride_wn, offs_m, offs_n, m_mask, n_mask, k_begin, k_len,
+            EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, FAST_WIDEN,
+        )  # fmt: skip
+    else:
+        acc = _mma_slice(
+            x_ptr, w_ptr, K, stride_xm, stride_wn, offs_m, offs_n, m_mask, n_mask, k_begin, k_len,
+            FP8, IEEE, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, FAST_WIDEN,
+        )  # fmt: skip
+    if SPLIT_K > 1:
+        # Each slice leaves its partial sums in the workspace; the last of a column block's
+        # programs to arrive adds them in slice order (deterministic), finishes and re-arms the
+        # block's counter for the next launch: one launch, no reduction kernel.
+        part = part_ptr + offs_m[:, None] * N + offs_n[None, :]
+        mn_mask = m_mask[:, None] & n_mask[None, :]
+        tl.store(part + tl.program_id(1) * M * N, acc, mask=mn_mask)
+        tl.debug_barrier()  # every thread's partial stores before the release below
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for s in range(SPLIT_K):  # .cg: read from L2, where the other programs wrote
+                acc += tl.load(part + s * M * N, mask=mn_mask, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + pid_n, 0)
+            _finish(
+                acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, FP8, HAS_BIAS
+            )
+    else:
+        _finish(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, FP8, HAS_BIAS)
+
+
+@triton.jit
+def _mma_slice(
+    x_ptr, w_ptr, K, stride_xm, stride_wn, offs_m, offs_n, m_mask, n_mask, k_begin, k_len,
+    FP8: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FAST_WIDEN: tl.constexpr,
+):  # fmt: skip
+    """x's rows times this program's weight columns over its K slice on the tensor cores (an
+    FP8 weight widened to x's dtype first): [BLOCK_M, BLOCK_N] fp32."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_begin, k_begin + k_len, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -70,25 +109,42 @@ def _decode_linear_kernel(
             acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
         else:
             acc = tl.dot(x, tl.trans(w), acc)
-    if SPLIT_K > 1:
-        # Each slice leaves its partial sums in the workspace; the last of a column block's
-        # programs to arrive adds them in slice order (deterministic), finishes and re-arms the
-        # block's counter for the next launch: one launch, no reduction kernel.
-        part = part_ptr + offs_m[:, None] * N + offs_n[None, :]
-        mn_mask = m_mask[:, None] & n_mask[None, :]
-        tl.store(part + tl.program_id(1) * M * N, acc, mask=mn_mask)
-        tl.debug_barrier()  # every thread's partial stores before the release below
-        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
-            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            for s in range(SPLIT_K):  # .cg: read from L2, where the other programs wrote
-                acc += tl.load(part + s * M * N, mask=mn_mask, other=0.0, cache_modifier=".cg")
-            tl.atomic_xchg(count_ptr + pid_n, 0)
-            _finish(
-                acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, FP8, HAS_BIAS
-            )
-    else:
-        _finish(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, FP8, HAS_BIAS)
+    return acc
+
+
+@triton.jit
+def _gemv_slice(
+    x_ptr, w_ptr, K, stride_xm, stride_wn, offs_m, offs_n, m_mask, n_mask, k_begin, k_len,
+    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    FAST_WIDEN: tl.constexpr,
+):  # fmt: skip
+    """The same product on the CUDA cores, for an FP8 weight and a handful of rows: each weight
+    element widened once to fp32 and multiplied into every row, products summed in fp32 per
+    (row, column, K lane) and across the lanes at the end. No tensor-core tile, no shared
+    memory round trip: the weight goes from its load to the multiplies in registers."""
+    # The fast widening gives each weight times 2^-120; x times 2^32 keeps every product of
+    # that and a row element above 2^-29 (so all that matter) in fp32's normal range, and the
+    # sums come back by 2^88: powers of two, exact.
+    x_up = 4294967296.0 if FAST_WIDEN else 1.0
+    acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(k_begin, k_begin + k_len, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = (offs_k < K) | EVEN_K
+        # Both loaded in the accumulator's three dimensions, so neither changes layout (through
+        # shared memory) before the multiply.
+        x = tl.load(
+            x_ptr + offs_m[:, None, None] * stride_xm + offs_k[None, None, :],
+            mask=m_mask[:, None, None] & k_mask[None, None, :],
+            other=0.0,
+        ).to(tl.float32)
+        w = tl.load(
+            w_ptr + offs_n[None, :, None] * stride_wn + offs_k[None, None, :],
+            mask=n_mask[None, :, None] & k_mask[None, None, :],
+            other=0.0,
+        )
+        acc += (x * x_up) * widen_e4m3_f32_unbiased(w, FAST_WIDEN)
+    back = 3.094850098213451e26 if FAST_WIDEN else 1.0  # 2^88
+    return tl.sum(acc, 2) * back
 
 
 @triton.jit
@@ -131,6 +187,12 @@ def _tiles(rows: int, n: int, weight_bytes: int = 2, x_bytes: int = 2) -> tuple[
     while 2 * stage_bytes() > SHARED_MEMORY_BUDGET and block_k > 32:
         block_k //= 2
     return block_n, block_k, max(2, min(stages, SHARED_MEMORY_BUDGET // stage_bytes())), split_k, 4
+
+
+def _gemv_tiles(rows: int, n: int) -> tuple[int, ...]:
+    """(BLOCK_N, BLOCK_K, stages, K split, warps) of the CUDA-core path (`_gemv_slice`)."""
+    block_n = 8 if rows <= 2 else 4
+    return (block_n, 512, 1, 2 if n < FP8_MIN_COLUMNS else 1, 4)
 
 
 def _block_m(rows: int) -> int:
@@ -201,11 +263,14 @@ def decode_linear(
 
 def launch(
     x, weight, bias, y, block_n: int, block_k: int, stages: int, split_k: int = 1, warps: int = 4,
-    *, scale=None,
+    *, scale=None, gemv: bool = False,
 ) -> None:  # fmt: skip
     """y[M, N] = x[M, K] @ weight[N, K].T (+ bias) with the given tiles (bench_gemm.py sweeps
     them); with `scale` [N], weight is FP8 and y = (x @ weight.T) * scale (+ bias). `split_k`
-    slices K over that many programs per column block (whole BLOCK_K tiles each, else no split)."""
+    slices K over that many programs per column block (whole BLOCK_K tiles each, else no split).
+    `gemv` (FP8 weights): on the CUDA cores instead of the tensor cores (`_gemv_slice`)."""
+    if gemv and scale is None:
+        raise ValueError("decode_linear's CUDA-core path reads FP8 weights only")
     rows, k = x.shape
     n = weight.shape[0]
     column_blocks = triton.cdiv(n, block_n)
@@ -222,8 +287,9 @@ def launch(
         partials, counters if counters is not None else y,
         rows, n, k, x.stride(0), weight.stride(0), y.stride(0),
         FP8=scale is not None, IEEE=x.dtype == torch.float32, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
-        SPLIT_K=split_k, BLOCK_M=_block_m(rows), BLOCK_N=block_n, BLOCK_K=block_k,
-        FAST_WIDEN=scale is not None and fast_widen(x.dtype, x.device),
+        SPLIT_K=split_k, BLOCK_M=triton.next_power_of_2(rows) if gemv else _block_m(rows),
+        BLOCK_N=block_n, BLOCK_K=block_k,
+        FAST_WIDEN=scale is not None and fast_widen(x.dtype, x.device), GEMV=gemv,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
 

@@ -142,3 +142,62 @@ def test_split_k_matches_and_repeats_in_a_graph(split_k: int, fp8: bool) -> None
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(y, first)
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+@pytest.mark.parametrize(
+    "rows,n,k", [(1, 4096, 4096), (2, 1000, 896), (3, 24576, 4096), (4, 4096, 12288), (8, 640, 576)]
+)
+def test_gemv_path_matches_the_fp8_model(rows: int, n: int, k: int, split_k: int) -> None:
+    """The FP8 GEMM's CUDA-core path against the fp32 GEMM of the dequantized weight, bf16 rows
+    spread over many binades (the products it keeps in fp32's normal range); a replayed graph
+    repeats the bits."""
+    from rollout.kernels.torch_fp8 import FP8_DTYPE, fp8_linear_reference, round_to_fp8_
+
+    g = torch.Generator(device="cuda").manual_seed(rows * split_k)
+    x = torch.randn(rows, k, device="cuda", generator=g) * torch.logspace(-6, 3, k, device="cuda")
+    x = x.bfloat16()
+    weight = (torch.randn(n, k, device="cuda", generator=g) * 0.02).bfloat16()
+    q, scale = torch.empty(n, k, device="cuda", dtype=FP8_DTYPE), torch.empty(n, device="cuda")
+    round_to_fp8_(weight, q, scale)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=g)
+    want = fp8_linear_reference(x.float(), q, scale, bias.float())
+    y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
+    block_n, block_k, stages, _, warps = triton_linear._gemv_tiles(rows, n)
+
+    def run() -> None:
+        triton_linear.launch(
+            x, q, bias, y, block_n, block_k, stages, split_k, warps, scale=scale, gemv=True
+        )
+
+    run()
+    first = y.clone()
+    assert _rel_error(first, want) < 4e-3
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        run()
+    for _ in range(3):
+        y.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, first)
+
+
+def test_gemv_widens_every_e4m3_value() -> None:
+    """Each of the 254 finite e4m3 codes (subnormals included) as the only weight of a column,
+    times one row of 1s and one of tiny values: exactly the code's value times the row."""
+    from rollout.kernels.torch_fp8 import FP8_DTYPE
+
+    codes = torch.tensor([c for c in range(256) if c not in (0x7F, 0xFF)], dtype=torch.uint8)
+    n, k = codes.numel(), 512
+    q = torch.zeros(n, k, dtype=torch.uint8)
+    q[torch.arange(n), torch.arange(n) % k] = codes
+    q = q.view(FP8_DTYPE).cuda()
+    x = torch.stack([torch.ones(k), torch.full((k,), 2.0**-20)]).bfloat16().cuda()
+    y = torch.empty(2, n, device="cuda", dtype=torch.bfloat16)  # bf16 rows: the fast widening
+    triton_linear.launch(x, q, None, y, 8, 512, 1, 1, 4, scale=torch.ones(n, device="cuda"),
+                         gemv=True)  # fmt: skip
+    values = codes.view(FP8_DTYPE).float().cuda()
+    assert torch.equal(y.float(), torch.stack([values, values * 2.0**-20]))
