@@ -51,7 +51,7 @@ FP8_SWEEP = list(itertools.product((16, 32, 64), (128, 256, 512), (3, 4, 6), (1,
 FP8_SWEEP += list(itertools.product((32, 64), (256, 512), (4,), (1, 2, 4), (8,)))
 # --gemv-sweep: the FP8 kernel's CUDA-core path (BLOCK_N, BLOCK_K, stages, split_k, warps), those
 # whose fp32 accumulator fits 64 registers a thread at the rows given
-GEMV_SWEEP = list(itertools.product((4, 8, 16), (256, 512, 1024), (1,), (1, 2, 4), (4, 8)))
+GEMV_SWEEP = list(itertools.product((4, 8, 16), (256, 512, 1024), (2, 4), (1, 2, 4), (4,)))
 # --fp8-sweep: the FP8 kernel's choices alone, fewer of them, at 8 to 128 rows
 FP8_ROWS_SWEEP = list(itertools.product((32, 64), (128, 256), (3, 4), (1, 2, 4), (4, 8)))
 

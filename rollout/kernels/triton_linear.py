@@ -39,7 +39,7 @@ def _decode_linear_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
     FP8: tl.constexpr, IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    FAST_WIDEN: tl.constexpr, GEMV: tl.constexpr,
+    FAST_WIDEN: tl.constexpr, GEMV: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
@@ -53,7 +53,7 @@ def _decode_linear_kernel(
     if GEMV:
         acc = _gemv_slice(
             x_ptr, w_ptr, K, stride_xm, stride_wn, offs_m, offs_n, m_mask, n_mask, k_begin, k_len,
-            EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, FAST_WIDEN,
+            EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, FAST_WIDEN, STAGES,
         )  # fmt: skip
     else:
         acc = _mma_slice(
@@ -116,7 +116,7 @@ def _mma_slice(
 def _gemv_slice(
     x_ptr, w_ptr, K, stride_xm, stride_wn, offs_m, offs_n, m_mask, n_mask, k_begin, k_len,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    FAST_WIDEN: tl.constexpr,
+    FAST_WIDEN: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
     """The same product on the CUDA cores, for an FP8 weight and a handful of rows: each weight
     element widened once to fp32 and multiplied into every row, products summed in fp32 per
@@ -127,7 +127,8 @@ def _gemv_slice(
     # sums come back by 2^88: powers of two, exact.
     x_up = 4294967296.0 if FAST_WIDEN else 1.0
     acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(k_begin, k_begin + k_len, BLOCK_K):
+    # Pipelined explicitly: with no MMA in the loop Triton keeps one load in flight otherwise.
+    for k0 in tl.range(k_begin, k_begin + k_len, BLOCK_K, num_stages=STAGES):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = (offs_k < K) | EVEN_K
         # Both loaded in the accumulator's three dimensions, so neither changes layout (through
@@ -192,7 +193,7 @@ def _tiles(rows: int, n: int, weight_bytes: int = 2, x_bytes: int = 2) -> tuple[
 def _gemv_tiles(rows: int, n: int) -> tuple[int, ...]:
     """(BLOCK_N, BLOCK_K, stages, K split, warps) of the CUDA-core path (`_gemv_slice`)."""
     block_n = 8 if rows <= 2 else 4
-    return (block_n, 512, 1, 2 if n < FP8_MIN_COLUMNS else 1, 4)
+    return (block_n, 512, 3, 2 if n < FP8_MIN_COLUMNS else 1, 4)
 
 
 def _block_m(rows: int) -> int:
@@ -217,6 +218,9 @@ def supported(weight: torch.Tensor) -> bool:
 FP8_NARROW_MAX_ROWS = 16
 FP8_MAX_ROWS = 32
 FP8_MIN_COLUMNS = 16384
+
+
+FP8_GEMV_MAX_ROWS = 4
 
 
 def fp8_pays(rows: int, n: int) -> bool:
@@ -256,8 +260,12 @@ def decode_linear(
     x2 = x.reshape(rows, k).contiguous()
     n = weight.shape[0]
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    tiles = _tiles(rows, n, kernel_weight.element_size(), x.element_size())
-    launch(x2, kernel_weight, bias, y, *tiles, scale=fp8_scale)
+    gemv = fp8_weight is not None and rows <= FP8_GEMV_MAX_ROWS
+    if gemv:
+        tiles = _gemv_tiles(rows, n)
+    else:
+        tiles = _tiles(rows, n, kernel_weight.element_size(), x.element_size())
+    launch(x2, kernel_weight, bias, y, *tiles, scale=fp8_scale, gemv=gemv)
     return y.view(*x.shape[:-1], n)
 
 
@@ -289,7 +297,7 @@ def launch(
         FP8=scale is not None, IEEE=x.dtype == torch.float32, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
         SPLIT_K=split_k, BLOCK_M=triton.next_power_of_2(rows) if gemv else _block_m(rows),
         BLOCK_N=block_n, BLOCK_K=block_k,
-        FAST_WIDEN=scale is not None and fast_widen(x.dtype, x.device), GEMV=gemv,
+        FAST_WIDEN=scale is not None and fast_widen(x.dtype, x.device), GEMV=gemv, STAGES=stages,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
