@@ -49,9 +49,6 @@ L2_BYTES = 64 << 20  # a little above the H200's 50 MB
 SWEEP = list(itertools.product((32, 64), (128, 256), (4, 6), (1, 2, 4), (4,)))
 FP8_SWEEP = list(itertools.product((16, 32, 64), (128, 256, 512), (3, 4, 6), (1, 2, 4, 8), (4,)))
 FP8_SWEEP += list(itertools.product((32, 64), (256, 512), (4,), (1, 2, 4), (8,)))
-# --gemv-sweep: the FP8 kernel's CUDA-core path (BLOCK_N, BLOCK_K, stages, split_k, warps), those
-# whose fp32 accumulator fits 64 registers a thread at the rows given
-GEMV_SWEEP = list(itertools.product((4, 8, 16), (256, 512, 1024), (2, 4), (1, 2, 4), (4,)))
 # --fp8-sweep: the FP8 kernel's choices alone, fewer of them, at 8 to 128 rows
 FP8_ROWS_SWEEP = list(itertools.product((32, 64), (128, 256), (3, 4), (1, 2, 4), (4, 8)))
 
@@ -123,13 +120,6 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: str) -> dict:
     def rel_error(got):
         return ((got.float() - want).norm() / want.norm()).item()
 
-    def gemv_kernel(i):  # the FP8 kernel's CUDA-core path at its tiles
-        q, scale = fp8[i]
-        tiles = triton_linear._gemv_tiles(m, n)
-        triton_linear.launch(x, q, None, y8, *tiles, scale=scale, gemv=True)
-        return y8
-
-    gemv_out = gemv_kernel(0).clone() if m <= 8 else None
     fp8_out = fp8_kernel(0).clone()
     with widening_by_cast():
         cast_out = fp8_kernel(0).clone()
@@ -141,20 +131,13 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: str) -> dict:
         "rel_error": rel_error(triton_linear.decode_linear(x, weights[0], None)),
         "fp8_rel_error": rel_error(fp8_out),
         "fp8_widenings_agree": bool(torch.equal(fp8_out, cast_out)),
-        "gemv_rel_error": rel_error(gemv_out) if gemv_out is not None else None,
-        # against the FP8 model itself (the dequantized weight's fp32 GEMM)
-        "gemv_rel_error_fp8": (
-            ((gemv_out.float() - x.float() @ weights[0].float().T).norm()
-             / (x.float() @ weights[0].float().T).norm()).item()
-            if gemv_out is not None else None
-        ),
-    }  # fmt: skip
+    }
     candidates = [
         ("cublas", weight_bytes, lambda i: x @ weights[i].T, False),
         ("triton", weight_bytes, lambda i: triton_linear.decode_linear(x, weights[i], None), False),
         ("triton_fp8", n * k + 4 * n, fp8_kernel, False),
         ("triton_fp8_cast", n * k + 4 * n, fp8_kernel, True),
-    ] + ([("triton_gemv", n * k + 4 * n, gemv_kernel, False)] if m <= 8 else [])
+    ]
     for label, nbytes, fn, by_cast in candidates:
         with widening_by_cast(by_cast):
             ms = time_in_graph(fn, copies)
@@ -169,20 +152,8 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: str) -> dict:
                 FP8_SWEEP if sweep == "all" else FP8_ROWS_SWEEP,
                 lambda i, t: triton_linear.launch(x, fp8[i][0], None, y, *t, scale=fp8[i][1]),
             ),
-            (
-                "gemv_sweep",
-                [
-                    t
-                    for t in GEMV_SWEEP
-                    if (1 << (m - 1).bit_length()) * t[0] * t[1] <= 64 * 32 * t[4]
-                ],
-                lambda i, t: triton_linear.launch(
-                    x, fp8[i][0], None, y, *t, scale=fp8[i][1], gemv=True
-                ),
-            ),
         ]
-        chosen = {"all": sweeps[:2], "fp8": sweeps[1:2], "gemv": sweeps[2:]}[sweep]
-        for key, tile_choices, launch_with in chosen:
+        for key, tile_choices, launch_with in sweeps[1:] if sweep == "fp8" else sweeps:
             timed = {}
             for tiles in tile_choices:
                 try:
@@ -222,7 +193,6 @@ def measure_prefetch(name: str, n: int, k: int, m: int, sleep_us: float) -> dict
     cold (each call another copy, from DRAM), asked into L2 before that work (a bulk prefetch),
     or already in L2 (one copy, if it fits). The time of the work alone is subtracted."""
     import torch
-    import triton
 
     from rollout.kernels import triton_linear
     from rollout.kernels.torch_fp8 import FP8_DTYPE, round_to_fp8_
@@ -251,6 +221,8 @@ def measure_prefetch(name: str, n: int, k: int, m: int, sleep_us: float) -> dict
         q = fp8[i][0]
         prefetch[(triton.cdiv(q.numel(), 32 * chunk),)](q, q.numel(), CHUNK=chunk, num_warps=1)
 
+    import triton
+
     alone = time_in_graph(lambda i: work(), copies)
     rows = {
         "name": name, "n": n, "k": k, "m": m, "sleep_us": sleep_us,
@@ -276,11 +248,6 @@ def main() -> None:
         "--fp8-sweep",
         action="store_true",
         help="time the FP8 kernel's tile choices (FP8_ROWS_SWEEP)",
-    )
-    parser.add_argument(
-        "--gemv-sweep",
-        action="store_true",
-        help="time the tile choices of the FP8 kernel's CUDA-core path (GEMV_SWEEP; up to 8 rows)",
     )
     parser.add_argument(
         "--l2-prefetch",
@@ -317,10 +284,11 @@ def main() -> None:
                 flush=True,
             )
     for name, n, k in [] if args.l2_prefetch else SHAPES[args.shapes]:
-        if (args.fp8_sweep or args.gemv_sweep) and name == "lm_head":
+        if args.fp8_sweep and name == "lm_head":
             continue  # the engine keeps the LM head in bf16: no FP8 tiles to choose
-        sweep = "all" if args.sweep else "fp8" if args.fp8_sweep else ""
-        row = measure_shape(name, n, k, args.m, "gemv" if args.gemv_sweep else sweep)
+        row = measure_shape(
+            name, n, k, args.m, "all" if args.sweep else "fp8" if args.fp8_sweep else ""
+        )
         rows.append(row)
         line = (
             f"  {name:8s} N={n:6d} K={k:5d}  cuBLAS {row['cublas_ms'] * 1e3:6.1f} us "
@@ -331,15 +299,6 @@ def main() -> None:
             f"{'' if row['fp8_widenings_agree'] else ', OUTPUTS DIFFER'})"
             f" | rel err {row['rel_error']:.1e}, FP8 {row['fp8_rel_error']:.1e}"
         )
-        if "triton_gemv_ms" in row:
-            line += (
-                f" | FP8 CUDA cores {row['triton_gemv_ms'] * 1e3:6.1f} us"
-                f" {row['triton_gemv_tb_per_s']:.2f} TB/s (rel err to the FP8 model"
-                f" {row['gemv_rel_error_fp8']:.1e})"
-            )
-        if "gemv_sweep_best" in row:
-            best = row["gemv_sweep_best"]
-            line += f" | best CUDA-core tiles {best['tiles']} {best['ms'] * 1e3:.1f} us"
         if "sweep_best" in row:
             best = row["sweep_best"]
             line += f" | best tiles {best['tiles']} {best['ms'] * 1e3:.1f} us"

@@ -74,46 +74,6 @@ _WIDEN_F16 = tl.constexpr(
 )
 
 
-# fp32 times 2^-120 (the CUDA-core GEMV's operand, `triton_linear`): the bf16 lanes of the
-# integer path above without their rebias, each then widened to fp32 by placing it in the high
-# half of a 32-bit lane (exact: fp32 extends bf16's bits, subnormals included). The caller folds
-# 2^120 into its own scaling.
-_WIDEN_F32_UNBIASED = tl.constexpr(
-    """
-    {
-    .reg .b32 lo, hi, sign;
-    prmt.b32 lo, $4, 0, 0x1404;
-    prmt.b32 hi, $4, 0, 0x3424;
-    and.b32 sign, lo, 0x80008000;
-    shr.b32 lo, lo, 4;
-    and.b32 lo, lo, 0x07F007F0;
-    or.b32 lo, lo, sign;
-    and.b32 sign, hi, 0x80008000;
-    shr.b32 hi, hi, 4;
-    and.b32 hi, hi, 0x07F007F0;
-    or.b32 hi, hi, sign;
-    shl.b32 $0, lo, 16;
-    and.b32 $1, lo, 0xFFFF0000;
-    shl.b32 $2, hi, 16;
-    and.b32 $3, hi, 0xFFFF0000;
-    }
-    """
-)
-
-
-@triton.jit
-def widen_e4m3_f32_unbiased(x, FAST: tl.constexpr):
-    """The e4m3 tensor `x` in fp32, times 2^-120 where FAST (`_WIDEN_F32_UNBIASED`), else as is
-    (the cast; under Triton's interpreter): the caller scales by `unbiased_factor(FAST)`."""
-    if FAST:
-        return tl.inline_asm_elementwise(
-            _WIDEN_F32_UNBIASED, "=r,=r,=r,=r,r", [x.to(tl.uint8, bitcast=True)],
-            dtype=tl.float32, is_pure=True, pack=4,
-        )  # fmt: skip
-    else:
-        return x.to(tl.float32)
-
-
 @triton.jit
 def widen_e4m3(x, dtype: tl.constexpr, FAST: tl.constexpr, WHERE_LOADED: tl.constexpr):
     """The e4m3 tensor `x` in `dtype`, exactly; FAST (bf16 or fp16, compiled for an NVIDIA GPU):

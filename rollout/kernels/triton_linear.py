@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from rollout.kernels.torch_fp8 import FP8_DTYPE
-from rollout.kernels.triton_fp8_widen import fast_widen, widen_e4m3, widen_e4m3_f32_unbiased
+from rollout.kernels.triton_fp8_widen import fast_widen, widen_e4m3
 
 MAX_ROWS = 64
 
@@ -39,7 +39,7 @@ def _decode_linear_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
     FP8: tl.constexpr, IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    FAST_WIDEN: tl.constexpr, GEMV: tl.constexpr, STAGES: tl.constexpr,
+    FAST_WIDEN: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
@@ -50,45 +50,6 @@ def _decode_linear_kernel(
     # of BLOCK_K): more programs in flight for the narrow outputs.
     k_len = K // SPLIT_K
     k_begin = tl.program_id(1) * k_len
-    if GEMV:
-        acc = _gemv_slice(
-            x_ptr, w_ptr, K, stride_xm, stride_wn, offs_m, offs_n, m_mask, n_mask, k_begin, k_len,
-            EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, FAST_WIDEN, STAGES,
-        )  # fmt: skip
-    else:
-        acc = _mma_slice(
-            x_ptr, w_ptr, K, stride_xm, stride_wn, offs_m, offs_n, m_mask, n_mask, k_begin, k_len,
-            FP8, IEEE, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, FAST_WIDEN,
-        )  # fmt: skip
-    if SPLIT_K > 1:
-        # Each slice leaves its partial sums in the workspace; the last of a column block's
-        # programs to arrive adds them in slice order (deterministic), finishes and re-arms the
-        # block's counter for the next launch: one launch, no reduction kernel.
-        part = part_ptr + offs_m[:, None] * N + offs_n[None, :]
-        mn_mask = m_mask[:, None] & n_mask[None, :]
-        tl.store(part + tl.program_id(1) * M * N, acc, mask=mn_mask)
-        tl.debug_barrier()  # every thread's partial stores before the release below
-        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
-            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            for s in range(SPLIT_K):  # .cg: read from L2, where the other programs wrote
-                acc += tl.load(part + s * M * N, mask=mn_mask, other=0.0, cache_modifier=".cg")
-            tl.atomic_xchg(count_ptr + pid_n, 0)
-            _finish(
-                acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, FP8, HAS_BIAS
-            )
-    else:
-        _finish(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, FP8, HAS_BIAS)
-
-
-@triton.jit
-def _mma_slice(
-    x_ptr, w_ptr, K, stride_xm, stride_wn, offs_m, offs_n, m_mask, n_mask, k_begin, k_len,
-    FP8: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FAST_WIDEN: tl.constexpr,
-):  # fmt: skip
-    """x's rows times this program's weight columns over its K slice on the tensor cores (an
-    FP8 weight widened to x's dtype first): [BLOCK_M, BLOCK_N] fp32."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_begin, k_begin + k_len, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -109,43 +70,25 @@ def _mma_slice(
             acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
         else:
             acc = tl.dot(x, tl.trans(w), acc)
-    return acc
-
-
-@triton.jit
-def _gemv_slice(
-    x_ptr, w_ptr, K, stride_xm, stride_wn, offs_m, offs_n, m_mask, n_mask, k_begin, k_len,
-    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    FAST_WIDEN: tl.constexpr, STAGES: tl.constexpr,
-):  # fmt: skip
-    """The same product on the CUDA cores, for an FP8 weight and a handful of rows: each weight
-    element widened once to fp32 and multiplied into every row, products summed in fp32 per
-    (row, column, K lane) and across the lanes at the end. No tensor-core tile, no shared
-    memory round trip: the weight goes from its load to the multiplies in registers."""
-    # The fast widening gives each weight times 2^-120; x times 2^32 keeps every product of
-    # that and a row element above 2^-29 (so all that matter) in fp32's normal range, and the
-    # sums come back by 2^88: powers of two, exact.
-    x_up = 4294967296.0 if FAST_WIDEN else 1.0
-    acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
-    # Pipelined explicitly: with no MMA in the loop Triton keeps one load in flight otherwise.
-    for k0 in tl.range(k_begin, k_begin + k_len, BLOCK_K, num_stages=STAGES):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = (offs_k < K) | EVEN_K
-        # Both loaded in the accumulator's three dimensions, so neither changes layout (through
-        # shared memory) before the multiply.
-        x = tl.load(
-            x_ptr + offs_m[:, None, None] * stride_xm + offs_k[None, None, :],
-            mask=m_mask[:, None, None] & k_mask[None, None, :],
-            other=0.0,
-        ).to(tl.float32)
-        w = tl.load(
-            w_ptr + offs_n[None, :, None] * stride_wn + offs_k[None, None, :],
-            mask=n_mask[None, :, None] & k_mask[None, None, :],
-            other=0.0,
-        )
-        acc += (x * x_up) * widen_e4m3_f32_unbiased(w, FAST_WIDEN)
-    back = 3.094850098213451e26 if FAST_WIDEN else 1.0  # 2^88
-    return tl.sum(acc, 2) * back
+    if SPLIT_K > 1:
+        # Each slice leaves its partial sums in the workspace; the last of a column block's
+        # programs to arrive adds them in slice order (deterministic), finishes and re-arms the
+        # block's counter for the next launch: one launch, no reduction kernel.
+        part = part_ptr + offs_m[:, None] * N + offs_n[None, :]
+        mn_mask = m_mask[:, None] & n_mask[None, :]
+        tl.store(part + tl.program_id(1) * M * N, acc, mask=mn_mask)
+        tl.debug_barrier()  # every thread's partial stores before the release below
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for s in range(SPLIT_K):  # .cg: read from L2, where the other programs wrote
+                acc += tl.load(part + s * M * N, mask=mn_mask, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + pid_n, 0)
+            _finish(
+                acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, FP8, HAS_BIAS
+            )
+    else:
+        _finish(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, FP8, HAS_BIAS)
 
 
 @triton.jit
@@ -190,12 +133,6 @@ def _tiles(rows: int, n: int, weight_bytes: int = 2, x_bytes: int = 2) -> tuple[
     return block_n, block_k, max(2, min(stages, SHARED_MEMORY_BUDGET // stage_bytes())), split_k, 4
 
 
-def _gemv_tiles(rows: int, n: int) -> tuple[int, ...]:
-    """(BLOCK_N, BLOCK_K, stages, K split, warps) of the CUDA-core path (`_gemv_slice`)."""
-    block_n = 8 if rows <= 2 else 4
-    return (block_n, 512, 3, 2 if n < FP8_MIN_COLUMNS else 1, 4)
-
-
 def _block_m(rows: int) -> int:
     return max(16, triton.next_power_of_2(rows))
 
@@ -218,9 +155,6 @@ def supported(weight: torch.Tensor) -> bool:
 FP8_NARROW_MAX_ROWS = 16
 FP8_MAX_ROWS = 32
 FP8_MIN_COLUMNS = 16384
-
-
-FP8_GEMV_MAX_ROWS = 4
 
 
 def fp8_pays(rows: int, n: int) -> bool:
@@ -260,25 +194,18 @@ def decode_linear(
     x2 = x.reshape(rows, k).contiguous()
     n = weight.shape[0]
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    gemv = fp8_weight is not None and rows <= FP8_GEMV_MAX_ROWS
-    if gemv:
-        tiles = _gemv_tiles(rows, n)
-    else:
-        tiles = _tiles(rows, n, kernel_weight.element_size(), x.element_size())
-    launch(x2, kernel_weight, bias, y, *tiles, scale=fp8_scale, gemv=gemv)
+    tiles = _tiles(rows, n, kernel_weight.element_size(), x.element_size())
+    launch(x2, kernel_weight, bias, y, *tiles, scale=fp8_scale)
     return y.view(*x.shape[:-1], n)
 
 
 def launch(
     x, weight, bias, y, block_n: int, block_k: int, stages: int, split_k: int = 1, warps: int = 4,
-    *, scale=None, gemv: bool = False,
+    *, scale=None,
 ) -> None:  # fmt: skip
     """y[M, N] = x[M, K] @ weight[N, K].T (+ bias) with the given tiles (bench_gemm.py sweeps
     them); with `scale` [N], weight is FP8 and y = (x @ weight.T) * scale (+ bias). `split_k`
-    slices K over that many programs per column block (whole BLOCK_K tiles each, else no split).
-    `gemv` (FP8 weights): on the CUDA cores instead of the tensor cores (`_gemv_slice`)."""
-    if gemv and scale is None:
-        raise ValueError("decode_linear's CUDA-core path reads FP8 weights only")
+    slices K over that many programs per column block (whole BLOCK_K tiles each, else no split)."""
     rows, k = x.shape
     n = weight.shape[0]
     column_blocks = triton.cdiv(n, block_n)
@@ -295,9 +222,8 @@ def launch(
         partials, counters if counters is not None else y,
         rows, n, k, x.stride(0), weight.stride(0), y.stride(0),
         FP8=scale is not None, IEEE=x.dtype == torch.float32, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
-        SPLIT_K=split_k, BLOCK_M=triton.next_power_of_2(rows) if gemv else _block_m(rows),
-        BLOCK_N=block_n, BLOCK_K=block_k,
-        FAST_WIDEN=scale is not None and fast_widen(x.dtype, x.device), GEMV=gemv, STAGES=stages,
+        SPLIT_K=split_k, BLOCK_M=_block_m(rows), BLOCK_N=block_n, BLOCK_K=block_k,
+        FAST_WIDEN=scale is not None and fast_widen(x.dtype, x.device),
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
