@@ -5,6 +5,7 @@ the bf16 weight and over its FP8 form (e4m3, a scale per output row).
     python benchmarks/bench_gemm.py --m 64 --sweep  # also try every tile choice of the Triton kernel
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 8
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 64 --fp8-sweep  # FP8 tile choices only
+    python benchmarks/bench_gemm.py --shapes qwen3-8b --m 8 --l2-prefetch 10  # FP8 weights in L2
 
 The FP8 kernel is timed twice: widening e4m3 through `triton_fp8_widen`'s integer path (the
 engine's) and through Triton's own cast (`..._cast`), whose outputs must agree bit for bit.
@@ -193,6 +194,7 @@ def measure_prefetch(name: str, n: int, k: int, m: int, sleep_us: float) -> dict
     cold (each call another copy, from DRAM), asked into L2 before that work (a bulk prefetch),
     or already in L2 (one copy, if it fits). The time of the work alone is subtracted."""
     import torch
+    import triton
 
     from rollout.kernels import triton_linear
     from rollout.kernels.torch_fp8 import FP8_DTYPE, round_to_fp8_
@@ -220,8 +222,6 @@ def measure_prefetch(name: str, n: int, k: int, m: int, sleep_us: float) -> dict
     def ask(i):
         q = fp8[i][0]
         prefetch[(triton.cdiv(q.numel(), 32 * chunk),)](q, q.numel(), CHUNK=chunk, num_warps=1)
-
-    import triton
 
     alone = time_in_graph(lambda i: work(), copies)
     rows = {
