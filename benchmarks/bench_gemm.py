@@ -93,22 +93,32 @@ def widening_by_cast(on: bool = True):
         triton_fp8_widen.FAST_WIDEN = before
 
 
+def _rounded_weights(n: int, k: int, copies: int) -> tuple[list, list]:
+    """`copies` random bf16 weights [n, k], each rounded to its FP8 value, and their FP8 forms
+    (e4m3, scale per row)."""
+    import torch
+
+    from rollout.kernels.torch_fp8 import FP8_DTYPE, round_to_fp8_
+
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    fp8 = []
+    for w in weights:
+        q, scale = torch.empty(n, k, device="cuda", dtype=FP8_DTYPE), torch.empty(n, device="cuda")
+        round_to_fp8_(w, q, scale)
+        fp8.append((q, scale))
+    return weights, fp8
+
+
 def measure_shape(name: str, n: int, k: int, m: int, sweep: str) -> dict:
     """One projection's timings; `sweep`: "" (the engine's tiles only), "all" (every tile choice
     of both kernels) or "fp8" (FP8_ROWS_SWEEP)."""
     import torch
 
     from rollout.kernels import triton_linear
-    from rollout.kernels.torch_fp8 import FP8_DTYPE, round_to_fp8_
 
     weight_bytes = n * k * 2
     copies = max(2, -(-4 * L2_BYTES // weight_bytes))  # together well past the L2 cache
-    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-    fp8 = []
-    for w in weights:  # each weight rounded to its FP8 value, beside its FP8 form
-        q, scale = torch.empty(n, k, device="cuda", dtype=FP8_DTYPE), torch.empty(n, device="cuda")
-        round_to_fp8_(w, q, scale)
-        fp8.append((q, scale))
+    weights, fp8 = _rounded_weights(n, k, copies)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     want = (x @ weights[0].T).float()
     y8 = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -197,15 +207,9 @@ def measure_prefetch(name: str, n: int, k: int, m: int, sleep_us: float) -> dict
     import triton
 
     from rollout.kernels import triton_linear
-    from rollout.kernels.torch_fp8 import FP8_DTYPE, round_to_fp8_
 
-    copies = max(2, -(-4 * L2_BYTES // (n * k)))
-    fp8 = []
-    for _ in range(copies):
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-        q, scale = torch.empty(n, k, device="cuda", dtype=FP8_DTYPE), torch.empty(n, device="cuda")
-        round_to_fp8_(w, q, scale)
-        fp8.append((q, scale))
+    copies = max(2, -(-4 * L2_BYTES // (n * k)))  # the FP8 copies together well past L2
+    _, fp8 = _rounded_weights(n, k, copies)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     tiles = triton_linear._tiles(m, n, 1)
