@@ -228,7 +228,7 @@ def measure_prefetch(name: str, n: int, k: int, m: int, sleep_us: float) -> dict
         prefetch[(triton.cdiv(q.numel(), 32 * chunk),)](q, q.numel(), CHUNK=chunk, num_warps=1)
 
     alone = time_in_graph(lambda i: work(), copies)
-    rows = {
+    return {
         "name": name, "n": n, "k": k, "m": m, "sleep_us": sleep_us,
         "work_alone_ms": alone,
         "cold_ms": time_in_graph(lambda i: (work(), gemm(i)), copies) - alone,
@@ -236,7 +236,6 @@ def measure_prefetch(name: str, n: int, k: int, m: int, sleep_us: float) -> dict
         "hot_ms": time_in_graph(lambda i: (work(), gemm(0)), copies) - alone,
         "prefetch_alone_ms": time_in_graph(ask, copies),
     }  # fmt: skip
-    return rows
 
 
 def main() -> None:
