@@ -142,3 +142,53 @@ def test_split_k_matches_and_repeats_in_a_graph(split_k: int, fp8: bool) -> None
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(y, first)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize(
+    "rows,n,k,tiles",
+    # (BLOCK_N, BLOCK_K, stages, K split, warps): 64-256 columns on the wgmma's 64-row side,
+    # one or two warp groups, ragged rows, columns and K
+    [
+        (1, 4096, 4096, (64, 128, 4, 2, 4)),
+        (8, 6144, 4096, (128, 128, 4, 4, 4)),
+        (17, 1000, 896, (64, 64, 4, 1, 4)),
+        (33, 4096, 12288, (256, 128, 4, 2, 8)),
+        (64, 24576, 4096, (256, 64, 4, 1, 8)),
+        (64, 6144, 4096, (128, 128, 4, 4, 8)),
+    ],
+)
+def test_weight_as_first_operand_matches(rows: int, n: int, k: int, tiles, fp8: bool) -> None:
+    """The weight tile as the MMA's first operand (y.T = weight @ x.T): the same GEMM, in a graph
+    replayed to the same bits."""
+    from rollout.kernels.torch_fp8 import FP8_DTYPE, fp8_linear_reference, round_to_fp8_
+
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    weight = (torch.randn(n, k, device="cuda", generator=g) * 0.02).bfloat16()
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=g)
+    scale = None
+    want = F.linear(x.float(), weight.float(), bias.float())
+    if fp8:
+        q, scale = torch.empty(n, k, device="cuda", dtype=FP8_DTYPE), torch.empty(n, device="cuda")
+        round_to_fp8_(weight, q, scale)
+        want = fp8_linear_reference(x.float(), q, scale, bias.float())
+        weight = q
+    y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
+
+    def run() -> None:
+        triton_linear.launch(x, weight, bias, y, *tiles, True, scale=scale)
+
+    run()
+    first = y.clone()
+    assert _rel_error(first, want) < 1e-2
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        run()
+    for _ in range(3):
+        y.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, first)
