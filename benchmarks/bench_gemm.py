@@ -5,7 +5,6 @@ the bf16 weight and over its FP8 form (e4m3, a scale per output row).
     python benchmarks/bench_gemm.py --m 64 --sweep  # also try every tile choice of the Triton kernel
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 8
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 64 --fp8-sweep  # FP8 tile choices only
-    python benchmarks/bench_gemm.py --shapes qwen3-8b --m 64 --weight-as-a-sweep  # weight as A
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 8 --l2-prefetch 10  # FP8 weights in L2
 
 The FP8 kernel is timed twice: widening e4m3 through `triton_fp8_widen`'s integer path (the
@@ -53,12 +52,6 @@ FP8_SWEEP = list(itertools.product((16, 32, 64), (128, 256, 512), (3, 4, 6), (1,
 FP8_SWEEP += list(itertools.product((32, 64), (256, 512), (4,), (1, 2, 4), (8,)))
 # --fp8-sweep: the FP8 kernel's choices alone, fewer of them, at 8 to 128 rows
 FP8_ROWS_SWEEP = list(itertools.product((32, 64), (128, 256), (3, 4), (1, 2, 4), (4, 8)))
-# --weight-as-a-sweep: the FP8 kernel with the weight tile as the MMA's first operand (the
-# wgmma's 64-row side: BLOCK_N from 64)
-FP8_WEIGHT_AS_A_SWEEP = [
-    (*tiles, True)
-    for tiles in itertools.product((64, 128, 256), (64, 128), (4,), (1, 2, 4), (4, 8))
-]
 
 
 def time_in_graph(fn, copies: int, replays: int = 20) -> float:
@@ -118,7 +111,7 @@ def _rounded_weights(n: int, k: int, copies: int) -> tuple[list, list]:
 
 def measure_shape(name: str, n: int, k: int, m: int, sweep: str) -> dict:
     """One projection's timings; `sweep`: "" (the engine's tiles only), "all" (every tile choice
-    of both kernels), "fp8" (FP8_ROWS_SWEEP) or "fp8-a" (FP8_WEIGHT_AS_A_SWEEP)."""
+    of both kernels) or "fp8" (FP8_ROWS_SWEEP)."""
     import torch
 
     from rollout.kernels import triton_linear
@@ -167,11 +160,11 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: str) -> dict:
             ("sweep", SWEEP, lambda i, t: triton_linear.launch(x, weights[i], None, y, *t)),
             (
                 "fp8_sweep",
-                {"all": FP8_SWEEP, "fp8": FP8_ROWS_SWEEP, "fp8-a": FP8_WEIGHT_AS_A_SWEEP}[sweep],
+                FP8_SWEEP if sweep == "all" else FP8_ROWS_SWEEP,
                 lambda i, t: triton_linear.launch(x, fp8[i][0], None, y, *t, scale=fp8[i][1]),
             ),
         ]
-        for key, tile_choices, launch_with in sweeps if sweep == "all" else sweeps[1:]:
+        for key, tile_choices, launch_with in sweeps[1:] if sweep == "fp8" else sweeps:
             timed = {}
             for tiles in tile_choices:
                 try:
@@ -260,11 +253,6 @@ def main() -> None:
         help="time the FP8 kernel's tile choices (FP8_ROWS_SWEEP)",
     )
     parser.add_argument(
-        "--weight-as-a-sweep",
-        action="store_true",
-        help="time the FP8 kernel's tile choices with the weight as the MMA's first operand",
-    )
-    parser.add_argument(
         "--l2-prefetch",
         type=float,
         default=0.0,
@@ -299,10 +287,11 @@ def main() -> None:
                 flush=True,
             )
     for name, n, k in [] if args.l2_prefetch else SHAPES[args.shapes]:
-        fp8_only = "fp8" if args.fp8_sweep else "fp8-a" if args.weight_as_a_sweep else ""
-        if fp8_only and name == "lm_head":
+        if args.fp8_sweep and name == "lm_head":
             continue  # the engine keeps the LM head in bf16: no FP8 tiles to choose
-        row = measure_shape(name, n, k, args.m, "all" if args.sweep else fp8_only)
+        row = measure_shape(
+            name, n, k, args.m, "all" if args.sweep else "fp8" if args.fp8_sweep else ""
+        )
         rows.append(row)
         line = (
             f"  {name:8s} N={n:6d} K={k:5d}  cuBLAS {row['cublas_ms'] * 1e3:6.1f} us "

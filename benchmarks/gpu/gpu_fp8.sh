@@ -4,7 +4,6 @@
 #            tests1 (engine, FP8, attention kernels) and tests2 (the rest) fit one call each
 #   gemm     the decode GEMMs of the Qwen3-8B shape: cuBLAS bf16, Triton bf16, Triton FP8
 #   gemm-sweep  the FP8 GEMM's tile choices, tail to crowded steps (SWEEP_ROWS: 8 16 32 64 128)
-#   gemm-a   the same with the weight as the MMA's first operand (SWEEP_ROWS: 8 16 32 64)
 #   w1       qwen3-8b-w1 (32 x (256 + 2048)), bf16 then FP8 weights
 #   grpo     the grpo workload on the Qwen3-8B shape, bf16 then FP8 weights
 #   grpo-moe the grpo workload on the Qwen3-30B-A3B shape (GRPO_MOE_ARGS), bf16 then FP8
@@ -62,12 +61,6 @@ for part in "$@"; do
       for m in ${SWEEP_ROWS:-8 16 32 64 128}; do
         run "gemm_fp8_sweep_qwen3-8b_m$m" ${GEMM_TIMEOUT:-150} benchmarks/bench_gemm.py --shapes qwen3-8b \
           --m $m --fp8-sweep --json-out "$OUT_DIR/gemm_fp8_sweep_qwen3-8b_m$m.json"
-      done ;;
-    gemm-a)
-      for m in ${SWEEP_ROWS:-8 16 32 64}; do
-        run "gemm_weight_as_a_qwen3-8b_m$m" ${GEMM_TIMEOUT:-150} benchmarks/bench_gemm.py \
-          --shapes qwen3-8b --m $m --weight-as-a-sweep \
-          --json-out "$OUT_DIR/gemm_weight_as_a_qwen3-8b_m$m.json"
       done ;;
     w1) both w1_qwen3-8b 150 --workload qwen3-8b-w1 ;;
     grpo) both grpo_qwen3-8b 240 --workload grpo ;;

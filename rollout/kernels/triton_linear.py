@@ -39,7 +39,7 @@ def _decode_linear_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
     FP8: tl.constexpr, IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    FAST_WIDEN: tl.constexpr, WEIGHT_AS_A: tl.constexpr,
+    FAST_WIDEN: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
@@ -50,28 +50,15 @@ def _decode_linear_kernel(
     # of BLOCK_K): more programs in flight for the narrow outputs.
     k_len = K // SPLIT_K
     k_begin = tl.program_id(1) * k_len
-    # WEIGHT_AS_A computes y.T = weight @ x.T: the weight tile is the MMA's first operand, which
-    # Hopper's wgmma reads from registers, so a widened FP8 tile goes straight from the widening
-    # to the MMA; as the second operand it is stored to shared memory again first.
-    if WEIGHT_AS_A:
-        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_begin, k_begin + k_len, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = (offs_k < K) | EVEN_K  # no K masking when BLOCK_K divides K
-        if WEIGHT_AS_A:  # x.T's tile, [BLOCK_K, BLOCK_M]
-            x = tl.load(
-                x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None],
-                mask=m_mask[None, :] & k_mask[:, None],
-                other=0.0,
-            )
-        else:
-            x = tl.load(
-                x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                mask=m_mask[:, None] & k_mask[None, :],
-                other=0.0,
-            )
+        x = tl.load(
+            x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+            mask=m_mask[:, None] & k_mask[None, :],
+            other=0.0,
+        )
         w = tl.load(
             w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :],
             mask=n_mask[:, None] & k_mask[None, :],
@@ -79,16 +66,10 @@ def _decode_linear_kernel(
         )
         if FP8:  # e4m3 -> bf16/fp16/fp32 is exact
             w = widen_e4m3(w, x.dtype, FAST_WIDEN, False)
-        if WEIGHT_AS_A:
-            a, b = w, x
-        else:
-            a, b = x, tl.trans(w)
         if IEEE:  # fp32 activations (exactness tests): no TF32 rounding
-            acc = tl.dot(a, b, acc, input_precision="ieee")
+            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
         else:
-            acc = tl.dot(a, b, acc)
-    if WEIGHT_AS_A:
-        acc = tl.trans(acc)
+            acc = tl.dot(x, tl.trans(w), acc)
     if SPLIT_K > 1:
         # Each slice leaves its partial sums in the workspace; the last of a column block's
         # programs to arrive adds them in slice order (deterministic), finishes and re-arms the
@@ -220,12 +201,11 @@ def decode_linear(
 
 def launch(
     x, weight, bias, y, block_n: int, block_k: int, stages: int, split_k: int = 1, warps: int = 4,
-    weight_as_a: bool = False, *, scale=None,
+    *, scale=None,
 ) -> None:  # fmt: skip
     """y[M, N] = x[M, K] @ weight[N, K].T (+ bias) with the given tiles (bench_gemm.py sweeps
     them); with `scale` [N], weight is FP8 and y = (x @ weight.T) * scale (+ bias). `split_k`
-    slices K over that many programs per column block (whole BLOCK_K tiles each, else no split);
-    `weight_as_a` puts the weight tile on the MMA's first operand (the kernel's comment)."""
+    slices K over that many programs per column block (whole BLOCK_K tiles each, else no split)."""
     rows, k = x.shape
     n = weight.shape[0]
     column_blocks = triton.cdiv(n, block_n)
@@ -243,7 +223,7 @@ def launch(
         rows, n, k, x.stride(0), weight.stride(0), y.stride(0),
         FP8=scale is not None, IEEE=x.dtype == torch.float32, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
         SPLIT_K=split_k, BLOCK_M=_block_m(rows), BLOCK_N=block_n, BLOCK_K=block_k,
-        FAST_WIDEN=scale is not None and fast_widen(x.dtype, x.device), WEIGHT_AS_A=weight_as_a,
+        FAST_WIDEN=scale is not None and fast_widen(x.dtype, x.device),
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
