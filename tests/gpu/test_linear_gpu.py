@@ -142,3 +142,47 @@ def test_split_k_matches_and_repeats_in_a_graph(split_k: int, fp8: bool) -> None
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(y, first)
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_dependent_launches_give_the_same_bits(prefetch: bool) -> None:
+    """Launched as programmatic dependents (each waits for the kernel before it before reading
+    x), with or without the weight's first tiles asked into L2: a chain of GEMMs, each reading
+    the one before's output, gives the plain launches' bits, eagerly and in a graph."""
+    from rollout.kernels.torch_fp8 import FP8_DTYPE, round_to_fp8_
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    rows, width = 8, 4096
+    x = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16, generator=g)
+    layers = []
+    for _ in range(4):
+        weight = (torch.randn(width, width, device="cuda", generator=g) * 0.02).bfloat16()
+        q, scale = torch.empty_like(weight, dtype=FP8_DTYPE), torch.empty(width, device="cuda")
+        round_to_fp8_(weight, q, scale)
+        layers.append((q, scale))
+    outs = [torch.empty(rows, width, device="cuda", dtype=torch.bfloat16) for _ in layers]
+    tiles = triton_linear._tiles(rows, width, 1)
+
+    def chain(pdl: bool) -> None:
+        inp = x
+        for (q, scale), out in zip(layers, outs, strict=True):
+            triton_linear.launch(inp, q, None, out, *tiles, scale=scale, pdl=pdl, prefetch=prefetch)
+            inp = out
+
+    chain(False)
+    want = outs[-1].clone()
+    for out in outs:
+        out.zero_()
+    chain(True)
+    assert torch.equal(outs[-1], want)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        chain(True)
+    for _ in range(3):
+        for out in outs:
+            out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(outs[-1], want)
