@@ -60,6 +60,11 @@ def main() -> None:
     parser.add_argument(
         "--fp8-kv", action="store_true", help="with --regimes: an FP8 cache against bf16's"
     )
+    parser.add_argument(
+        "--head-major",
+        action="store_true",
+        help="with --regimes --fp8-kv: the caches' pages laid out head by head too",
+    )
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
 
@@ -166,6 +171,7 @@ def sweep_regimes(args) -> list[dict]:
     """Per batch point and launch choice: microseconds per launch inside a CUDA graph."""
     import dataclasses
     import functools
+    import itertools
 
     import torch
 
@@ -228,11 +234,25 @@ def sweep_regimes(args) -> list[dict]:
             v8, v_scale = quantize_kv(inputs[2])
             fp8_inputs = (inputs[0], k8, v8, *inputs[3:])
             fp8_kv_bytes = kv_bytes // 2 + 2 * s * n * hkv * k_scale.element_size()
+        layouts = {"": (inputs, fp8_inputs)}
+        if args.head_major:  # the same values, each page's tokens of one head side by side
+
+            def head_major(cache):
+                return cache.transpose(1, 2).contiguous().transpose(1, 2)
+
+            layouts[", pages head-major"] = (
+                (inputs[0], head_major(inputs[1]), head_major(inputs[2]), *inputs[3:]),
+                (inputs[0], head_major(k8), head_major(v8), *inputs[3:]),
+            )
         line = []
-        for name, tiles in choices.items():
+        for (name, tiles), suffix in itertools.product(choices.items(), layouts):
+            if suffix and name not in ("bf16 KV", "FP8 KV"):
+                continue
             fp8 = args.fp8_kv and name.startswith("FP8")
+            plain, quantized = layouts[suffix]
+            name += suffix
             run = functools.partial(
-                decode.decode_attention, *(fp8_inputs if fp8 else inputs), tiles,
+                decode.decode_attention, *(quantized if fp8 else plain), tiles,
                 kv_scales=(k_scale, v_scale) if fp8 else None,
             )  # fmt: skip
             with fp8_kv_tiles(tiles_of(name)):
@@ -244,7 +264,7 @@ def sweep_regimes(args) -> list[dict]:
         if args.fp8_kv:
             print(f"  {point:>9s} ({kv_bytes / 1e6:7.1f} MB/layer bf16): " + " | ".join(line),
                   flush=True)  # fmt: skip
-            del inputs, k_cache, fp8_inputs
+            del inputs, k_cache, fp8_inputs, layouts
             torch.cuda.empty_cache()
             continue
         # A verification step of 4 drafts a sequence (5 tokens each, as its graph lays it out):

@@ -288,7 +288,7 @@ def measure_chain(shapes: list, m: int, layers: int) -> dict:
     ]  # fmt: skip
     tiles = {n: triton_linear._tiles(m, n, 1) for _, n, _ in projections}
 
-    def fp8_step(pdl: bool, prefetch: bool):
+    def fp8_step(pdl: str, prefetch: bool):
         for layer in fp8:
             for (_, n, k), (q, scale) in zip(projections, layer, strict=True):
                 triton_linear.launch(
@@ -296,8 +296,9 @@ def measure_chain(shapes: list, m: int, layers: int) -> dict:
                 )
 
     row = {"m": m, "layers": layers}
-    for label, pdl, prefetch in (("fp8", False, False), ("fp8_pdl", True, False),
-                                 ("fp8_pdl_prefetch", True, True)):  # fmt: skip
+    variants = [("fp8", "", False), ("fp8_pdl", "start", False), ("fp8_pdl_prefetch", "start", True),
+                ("fp8_pdl_after_loop", "after-loop", False), ("fp8_pdl_exit", "exit", False)]  # fmt: skip
+    for label, pdl, prefetch in variants:
         row[f"{label}_us_per_layer"] = (
             time_in_graph(lambda i, p=pdl, f=prefetch: fp8_step(p, f), 1) * 1e3 / layers
         )
@@ -374,6 +375,8 @@ def main() -> None:
             f"  {args.pdl_chain} layers' projections, us a layer: FP8 {row['fp8_us_per_layer']:.1f}"
             f" | FP8 as dependent launches {row['fp8_pdl_us_per_layer']:.1f}"
             f" | and prefetching {row['fp8_pdl_prefetch_us_per_layer']:.1f}"
+            f" | next launched after the loop {row['fp8_pdl_after_loop_us_per_layer']:.1f}"
+            f" | as programs exit {row['fp8_pdl_exit_us_per_layer']:.1f}"
             f" | bf16 {row['bf16_us_per_layer']:.1f}",
             flush=True,
         )

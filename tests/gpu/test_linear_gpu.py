@@ -144,8 +144,10 @@ def test_split_k_matches_and_repeats_in_a_graph(split_k: int, fp8: bool) -> None
         assert torch.equal(y, first)
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_dependent_launches_give_the_same_bits(prefetch: bool) -> None:
+@pytest.mark.parametrize(
+    "pdl,prefetch", [("start", False), ("start", True), ("after-loop", False), ("exit", False)]
+)
+def test_dependent_launches_give_the_same_bits(pdl: str, prefetch: bool) -> None:
     """Launched as programmatic dependents (each waits for the kernel before it before reading
     x), with or without the weight's first tiles asked into L2: a chain of GEMMs, each reading
     the one before's output, gives the plain launches' bits, eagerly and in a graph."""
@@ -163,23 +165,23 @@ def test_dependent_launches_give_the_same_bits(prefetch: bool) -> None:
     outs = [torch.empty(rows, width, device="cuda", dtype=torch.bfloat16) for _ in layers]
     tiles = triton_linear._tiles(rows, width, 1)
 
-    def chain(pdl: bool) -> None:
+    def chain(pdl: str) -> None:
         inp = x
         for (q, scale), out in zip(layers, outs, strict=True):
             triton_linear.launch(inp, q, None, out, *tiles, scale=scale, pdl=pdl, prefetch=prefetch)
             inp = out
 
-    chain(False)
+    chain("")
     want = outs[-1].clone()
     for out in outs:
         out.zero_()
-    chain(True)
+    chain(pdl)
     assert torch.equal(outs[-1], want)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        chain(True)
+        chain(pdl)
     for _ in range(3):
         for out in outs:
             out.zero_()
