@@ -7,7 +7,6 @@ the bf16 weight and over its FP8 form (e4m3, a scale per output row).
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 64 --fp8-sweep  # FP8 tile choices only
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 8 --l2-prefetch 10  # FP8 weights in L2
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 64 --scaled-mm  # the library's FP8 GEMM
-    python benchmarks/bench_gemm.py --shapes qwen3-8b --m 8 --pdl-chain 36  # launches overlapped
 
 The FP8 kernel is timed twice: widening e4m3 through `triton_fp8_widen`'s integer path (the
 engine's) and through Triton's own cast (`..._cast`), whose outputs must agree bit for bit.
@@ -262,63 +261,6 @@ def measure_prefetch(name: str, n: int, k: int, m: int, sleep_us: float) -> dict
     }  # fmt: skip
 
 
-def measure_chain(shapes: list, m: int, layers: int) -> dict:
-    """A decode step's projections alone: `layers` layers of q/k/v, o, gate/up and down in a row
-    (each layer its own weights, so every read is cold), replayed from one CUDA graph; FP8 at
-    the engine's tiles launched plainly, as programmatic dependents (each may start while the
-    one before finishes, and waits for it before reading x), and so with the first weight
-    tiles asked into L2 before the wait; and the bf16 weights as the engine reads them (cuBLAS
-    for q/k/v and gate/up, Triton for o and down). Microseconds a layer."""
-    import torch
-
-    from rollout.kernels import triton_linear
-    from rollout.kernels.torch_fp8 import FP8_DTYPE
-
-    projections = [(name, n, k) for name, n, k in shapes if name != "lm_head"]
-    xs = {k: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _, _, k in projections}
-    ys = {n: torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _, n, _ in projections}
-    # random finite e4m3 bytes (0x7E: the largest below NaN), a unit scale per row
-    fp8 = [
-        [
-            (torch.randint(0, 0x7E, (n, k), device="cuda", dtype=torch.uint8).view(FP8_DTYPE),
-             torch.ones(n, device="cuda"))
-            for _, n, k in projections
-        ]
-        for _ in range(layers)
-    ]  # fmt: skip
-    tiles = {n: triton_linear._tiles(m, n, 1) for _, n, _ in projections}
-
-    def fp8_step(pdl: str, prefetch: bool):
-        for layer in fp8:
-            for (_, n, k), (q, scale) in zip(projections, layer, strict=True):
-                triton_linear.launch(
-                    xs[k], q, None, ys[n], *tiles[n], scale=scale, pdl=pdl, prefetch=prefetch
-                )
-
-    row = {"m": m, "layers": layers}
-    variants = [("fp8", "", False), ("fp8_pdl", "start", False), ("fp8_pdl_prefetch", "start", True),
-                ("fp8_pdl_after_loop", "after-loop", False), ("fp8_pdl_exit", "exit", False)]  # fmt: skip
-    for label, pdl, prefetch in variants:
-        row[f"{label}_us_per_layer"] = (
-            time_in_graph(lambda i, p=pdl, f=prefetch: fp8_step(p, f), 1) * 1e3 / layers
-        )
-    fp8.clear()  # the FP8 copies freed for the bf16 ones
-    torch.cuda.empty_cache()
-    bf16 = [
-        [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _, n, k in projections]
-        for _ in range(layers)
-    ]
-
-    def bf16_step():
-        for layer in bf16:
-            for (name, n, k), w in zip(projections, layer, strict=True):
-                triton_bf16 = name in ("o_proj", "down")
-                ys[n].copy_(triton_linear.decode_linear(xs[k], w, None, triton_bf16=triton_bf16))
-
-    row["bf16_us_per_layer"] = time_in_graph(lambda i: bf16_step(), 1) * 1e3 / layers
-    return row
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -346,14 +288,6 @@ def main() -> None:
         action="store_true",
         help="time torch._scaled_mm too (FP8 weights and activations, a scale per row of each)",
     )
-    parser.add_argument(
-        "--pdl-chain",
-        type=int,
-        default=0,
-        metavar="LAYERS",
-        help="time LAYERS layers' projections in a row: FP8 plain, as programmatic dependent "
-        "launches, and so with the weight's first tiles asked into L2; bf16",
-    )
     parser.add_argument("--shapes", choices=sorted(SHAPES), default="w1")
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
@@ -368,18 +302,6 @@ def main() -> None:
         f"decode GEMMs of {args.shapes} at M = {args.m}, bf16 activations; effective bandwidth ="
         " weight bytes (bf16, or FP8 + scales) / time"
     )
-    if args.pdl_chain:
-        row = measure_chain(SHAPES[args.shapes], args.m, args.pdl_chain)
-        rows.append(row)
-        print(
-            f"  {args.pdl_chain} layers' projections, us a layer: FP8 {row['fp8_us_per_layer']:.1f}"
-            f" | FP8 as dependent launches {row['fp8_pdl_us_per_layer']:.1f}"
-            f" | and prefetching {row['fp8_pdl_prefetch_us_per_layer']:.1f}"
-            f" | next launched after the loop {row['fp8_pdl_after_loop_us_per_layer']:.1f}"
-            f" | as programs exit {row['fp8_pdl_exit_us_per_layer']:.1f}"
-            f" | bf16 {row['bf16_us_per_layer']:.1f}",
-            flush=True,
-        )
     if args.l2_prefetch:
         for name, n, k in SHAPES[args.shapes]:
             row = measure_prefetch(name, n, k, args.m, args.l2_prefetch)
@@ -392,7 +314,7 @@ def main() -> None:
                 f" {row['work_alone_ms'] * 1e3:.1f} us)",
                 flush=True,
             )
-    for name, n, k in [] if args.l2_prefetch or args.pdl_chain else SHAPES[args.shapes]:
+    for name, n, k in [] if args.l2_prefetch else SHAPES[args.shapes]:
         if args.fp8_sweep and name == "lm_head":
             continue  # the engine keeps the LM head in bf16: no FP8 tiles to choose
         row = measure_shape(

@@ -4,8 +4,6 @@
 #            tests1 (engine, FP8, attention kernels) and tests2 (the rest) fit one call each
 #   gemm     the decode GEMMs of the Qwen3-8B shape: cuBLAS bf16, Triton bf16, Triton FP8
 #   gemm-sweep  the FP8 GEMM's tile choices, tail to crowded steps (SWEEP_ROWS: 8 16 32 64 128)
-#   gemm-chain  36 layers' FP8 projections in a row, plain and as programmatic dependent
-#            launches (CHAIN_ROWS: 1 8); bf16
 #   gemm-scaled the decode GEMMs with torch._scaled_mm beside them (GEMM_ROWS: 16 32 64 128)
 #   w1       qwen3-8b-w1 (32 x (256 + 2048)), bf16 then FP8 weights
 #   grpo     the grpo workload on the Qwen3-8B shape, bf16 then FP8 weights
@@ -64,11 +62,6 @@ for part in "$@"; do
       for m in ${SWEEP_ROWS:-8 16 32 64 128}; do
         run "gemm_fp8_sweep_qwen3-8b_m$m" ${GEMM_TIMEOUT:-150} benchmarks/bench_gemm.py --shapes qwen3-8b \
           --m $m --fp8-sweep --json-out "$OUT_DIR/gemm_fp8_sweep_qwen3-8b_m$m.json"
-      done ;;
-    gemm-chain)
-      for m in ${CHAIN_ROWS:-1 8}; do
-        run "gemm_chain_qwen3-8b_m$m" ${GEMM_TIMEOUT:-120} benchmarks/bench_gemm.py --shapes qwen3-8b \
-          --m $m --pdl-chain 36 --json-out "$OUT_DIR/gemm_chain_qwen3-8b_m$m.json"
       done ;;
     gemm-scaled)
       for m in ${GEMM_ROWS:-16 32 64 128}; do

@@ -39,7 +39,7 @@ def _decode_linear_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
     FP8: tl.constexpr, IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    FAST_WIDEN: tl.constexpr, PDL: tl.constexpr, PREFETCH_COLS: tl.constexpr,
+    FAST_WIDEN: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
@@ -50,26 +50,6 @@ def _decode_linear_kernel(
     # of BLOCK_K): more programs in flight for the narrow outputs.
     k_len = K // SPLIT_K
     k_begin = tl.program_id(1) * k_len
-    if PDL > 0:
-        # Launched as a programmatic dependent: this program may start while the kernel before
-        # it still runs. The weight does not depend on that kernel, so its first PREFETCH_COLS
-        # columns are asked into L2 now; x does, so everything else waits for it to finish.
-        # The kernel after this one may start once every program here has said so: at its
-        # start (PDL 1), after its main loop (2), or as it exits (3).
-        if PREFETCH_COLS > 0:
-            line: tl.constexpr = 128 // w_ptr.dtype.element_ty.primitive_bitwidth * 8
-            cols = tl.arange(0, PREFETCH_COLS // line) * line
-            inside = n_mask[:, None] & (cols < k_len)[None, :]
-            lines = w_ptr + tl.where(
-                inside, offs_n[:, None] * stride_wn + k_begin + cols[None, :], 0
-            )
-            tl.inline_asm_elementwise(
-                "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [lines],
-                dtype=tl.int32, is_pure=False, pack=1,
-            )  # fmt: skip
-        if PDL == 1:
-            tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_begin, k_begin + k_len, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -90,8 +70,6 @@ def _decode_linear_kernel(
             acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
         else:
             acc = tl.dot(x, tl.trans(w), acc)
-    if PDL == 2:
-        tl.extra.cuda.gdc_launch_dependents()
     if SPLIT_K > 1:
         # Each slice leaves its partial sums in the workspace; the last of a column block's
         # programs to arrive adds them in slice order (deterministic), finishes and re-arms the
@@ -223,7 +201,7 @@ def decode_linear(
 
 def launch(
     x, weight, bias, y, block_n: int, block_k: int, stages: int, split_k: int = 1, warps: int = 4,
-    *, scale=None, pdl: str = "", prefetch: bool = False,
+    *, scale=None,
 ) -> None:  # fmt: skip
     """y[M, N] = x[M, K] @ weight[N, K].T (+ bias) with the given tiles (bench_gemm.py sweeps
     them); with `scale` [N], weight is FP8 and y = (x @ weight.T) * scale (+ bias). `split_k`
@@ -246,15 +224,8 @@ def launch(
         FP8=scale is not None, IEEE=x.dtype == torch.float32, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
         SPLIT_K=split_k, BLOCK_M=_block_m(rows), BLOCK_N=block_n, BLOCK_K=block_k,
         FAST_WIDEN=scale is not None and fast_widen(x.dtype, x.device),
-        PDL=PDL_TRIGGERS[pdl],
-        PREFETCH_COLS=1 << (stages * block_k).bit_length() - 1 if prefetch else 0,
-        num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl else {}),
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
-
-
-# launch(pdl=...): "" a plain launch; else a programmatic dependent one, whose successor may
-# start at this kernel's start, after its main loop, or as its programs exit
-PDL_TRIGGERS = {"": 0, "start": 1, "after-loop": 2, "exit": 3}
 
 
 # One arrival counter per column block and device, zero between launches (the last program of
