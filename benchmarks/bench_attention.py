@@ -61,6 +61,11 @@ def main() -> None:
         "--fp8-kv", action="store_true", help="with --regimes: an FP8 cache against bf16's"
     )
     parser.add_argument(
+        "--v-by-token",
+        action="store_true",
+        help="with --regimes --fp8-kv: also the FP8 cache with V's pages laid out by token",
+    )
+    parser.add_argument(
         "--head-major",
         action="store_true",
         help="with --regimes --fp8-kv: the caches' pages laid out head by head too",
@@ -244,9 +249,14 @@ def sweep_regimes(args) -> list[dict]:
                 (inputs[0], head_major(inputs[1]), head_major(inputs[2]), *inputs[3:]),
                 (inputs[0], head_major(k8), head_major(v8), *inputs[3:]),
             )
+        if args.v_by_token:  # [block, head, dim, slot] in memory, seen as [block, slot, head, dim]
+            by_token = v8.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+            layouts[", V by token"] = (None, (inputs[0], k8, by_token, *inputs[3:]))
         line = []
         for (name, tiles), suffix in itertools.product(choices.items(), layouts):
             if suffix and name not in ("bf16 KV", "FP8 KV"):
+                continue
+            if layouts[suffix][0 if name == "bf16 KV" else 1] is None:
                 continue
             fp8 = args.fp8_kv and name.startswith("FP8")
             plain, quantized = layouts[suffix]

@@ -41,6 +41,25 @@ def fp16_keys(query: torch.Tensor, fp8_kv: bool) -> bool:
     return True
 
 
+def v_by_token(k_cache: torch.Tensor, v_cache: torch.Tensor, fp8_kv: bool) -> bool:
+    """Whether the V cache's pages hold each (head, dim)'s tokens side by side ([block, head,
+    dim, slot] in memory, seen as [block, slot, head, dim] like K): how an FP8 cache lays out V,
+    so that its tiles reach the MMA in the operand layout without a trip through shared memory.
+    Refused for a bf16 cache (its kernels read V by dim) and for blocks unlike K's."""
+    _, page, _, dim = v_cache.shape
+    if not (
+        v_cache.stride(1) == 1 and v_cache.stride(3) == page and v_cache.stride(2) == page * dim
+    ):
+        return False
+    if not fp8_kv or v_cache.stride(0) != k_cache.stride(0):
+        raise ValueError(
+            "a V cache laid out by token needs an FP8 cache (kv_cache_dtype='fp8') whose K and V "
+            f"blocks have the same stride; got {v_cache.dtype} with block strides "
+            f"{k_cache.stride(0)} and {v_cache.stride(0)}"
+        )
+    return True
+
+
 def dot_precision(query: torch.Tensor) -> str:
     """Precision of tl.dot: fp32 models (tests, exactness) get full-precision dots; bf16/fp16
     inputs ignore the setting."""
@@ -52,7 +71,7 @@ def load_kv_tile(
     k_cache_ptr, v_cache_ptr, block_table_ptr, offs, n_mask, d, d_mask, kv_head,
     stride_cblock, stride_cslot, stride_chead, PAGE: tl.constexpr,
     k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, like_ptr, FP8_KV: tl.constexpr,
-    FAST_WIDEN: tl.constexpr, K_F16: tl.constexpr,
+    FAST_WIDEN: tl.constexpr, K_F16: tl.constexpr, V_BY_TOKEN: tl.constexpr = False,
 ):  # fmt: skip
     """K and V at context positions `offs` of the sequence whose block-table row starts at
     `block_table_ptr`: [len(offs), BLOCK_D] each, zeros where `n_mask` or `d_mask` is off, and
@@ -66,16 +85,29 @@ def load_kv_tile(
     row = page.to(tl.int64) * stride_cblock + (offs % PAGE) * stride_cslot + kv_head * stride_chead
     kv_mask = n_mask[:, None] & d_mask[None, :]
     k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    if V_BY_TOKEN:
+        slot = tl.max_contiguous(tl.multiple_of(offs % PAGE, PAGE), PAGE)
+        v_page = tl.max_constancy(page, PAGE)
+        v_row = v_page.to(tl.int64) * stride_cblock + kv_head * (PAGE * d.shape[0]) + slot
+        v = tl.load(
+            v_cache_ptr + v_row[:, None] + d[None, :] * PAGE, mask=d_mask[None, :], other=0.0
+        )
+    else:
+        v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
     if FP8_KV:
         scale_row = page.to(tl.int64) * stride_sblock + (offs % PAGE) * stride_sslot + kv_head
         k_scale = tl.load(k_scale_ptr + scale_row, mask=n_mask, other=0.0)
         v_scale = tl.load(v_scale_ptr + scale_row, mask=n_mask, other=0.0)
         if K_F16:
-            k = widen_e4m3(k, tl.float16, FAST_WIDEN, True)
+            k = widen_e4m3(k, tl.float16, FAST_WIDEN, not V_BY_TOKEN)
         else:
             k = widen_e4m3(k, like_ptr.dtype.element_ty, FAST_WIDEN, True)
-        v = widen_e4m3(v, like_ptr.dtype.element_ty, FAST_WIDEN, True)
+        v = widen_e4m3(v, like_ptr.dtype.element_ty, FAST_WIDEN, not V_BY_TOKEN)
+        if V_BY_TOKEN and not FAST_WIDEN:
+            # Loaded unmasked: past the context lie another sequence's leftovers, whose weight
+            # is 0, but 0 x NaN is NaN. The integer widening turns every byte into a finite
+            # value (e4m3's NaN reads as 480); Triton's cast does not.
+            v = tl.where(n_mask[:, None], v, 0.0)
     else:
         k_scale = n_mask.to(tl.float32)
         v_scale = k_scale

@@ -38,6 +38,7 @@ from rollout.kernels.triton_attention_tiles import (
     query_for_tiles,
     scale_scores,
     soft_cap,
+    v_by_token,
 )
 from rollout.kernels.triton_fp8_widen import fast_widen
 
@@ -91,6 +92,7 @@ def _decode_kernel(
     BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_LEN: tl.constexpr,
     MERGE_CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+    V_BY_TOKEN: tl.constexpr = False,
 ):  # fmt: skip
     s = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -141,7 +143,7 @@ def _decode_kernel(
             k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs, n_mask, d, d_mask,
             kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
             k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV, FAST_WIDEN,
-            K_F16,
+            K_F16, V_BY_TOKEN,
         )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [ROWS_PAD, BLOCK_N]
         qk = scale_scores(qk, k_scale, q_back, FP8_KV, K_F16)
@@ -313,6 +315,7 @@ def decode_attention(
         MERGE_CHUNK=max(1, min(16, 64 // merge_rows, triton.next_power_of_2(num_splits))),
         DOT_PRECISION=dot_precision(query), HAS_WINDOW=window is not None,
         HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
+        V_BY_TOKEN=v_by_token(k_cache, v_cache, kv_scales is not None),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return out

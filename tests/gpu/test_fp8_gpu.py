@@ -400,3 +400,36 @@ def test_graphs_equal_eager_with_an_fp8_kv_cache_read_through(kv_tiles: str) -> 
         assert graphed.stats().cuda_graphs > 0
         b = engine_for(model, ON_GPU, cuda_graphs=False, **settings).generate(PROMPTS, sampled)
         assert [r.token_ids for r in a] == [r.token_ids for r in b]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_v_laid_out_by_token_reads_the_same(dtype) -> None:
+    """An FP8 cache whose V pages hold each (head, dim)'s tokens side by side: decode gives the
+    plain layout's result, and NaN bytes left past every context (another sequence's leftovers,
+    read unmasked in that layout) do not reach it."""
+    from rollout.kernels import triton_decode_attention as decode
+    from rollout.kernels.torch_fp8 import quantize_kv
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    seq_lens = torch.tensor([1, 37, 700, 4000, 129], dtype=torch.int32, device="cuda")
+    page, pages, kv_heads, dim = 16, 256, 8, 128
+    k = torch.randn(len(seq_lens) * pages, page, kv_heads, dim, device="cuda", generator=g)
+    k8, k_scale = quantize_kv(k)
+    v8, v_scale = quantize_kv(torch.randn_like(k))
+    tables = torch.randperm(len(seq_lens) * pages, device="cuda").view(len(seq_lens), pages).int()
+    for s, n in enumerate(seq_lens.tolist()):
+        last = tables[s, (n - 1) // page]
+        v8.view(torch.uint8)[last, (n - 1) % page + 1 :] = 0x7F
+    by_token = v8.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    query = torch.randn(len(seq_lens), 32, dim, device="cuda", generator=g).to(dtype)
+    outs = [
+        decode.decode_attention(
+            query, k8, v, tables, seq_lens, dim**-0.5, pages * page, kv_scales=(k_scale, v_scale)
+        )
+        for v in (v8, by_token)
+    ]
+    assert torch.isfinite(outs[0]).all() and torch.isfinite(outs[1]).all()
+    torch.testing.assert_close(outs[1].float(), outs[0].float(), rtol=2e-3, atol=2e-3)
+    with pytest.raises(ValueError, match="needs an FP8 cache"):
+        bf16_v = v8.to(dtype).permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+        decode.decode_attention(query, k8.to(dtype), bf16_v, tables, seq_lens, 1.0, pages * page)
