@@ -16,7 +16,8 @@ tokens to 128 at 2K, under a 16K static maximum), for each of a few launch choic
 launches (one per layer of an 8B model) over the number of launches, as the engine runs it
 (bench_gemm's `time_in_graph`); do_bench's per-call timing would add the host's launch time to
 kernels of a few microseconds. With --fp8-kv each point times the bf16 cache at the default
-launch beside an FP8 cache (e4m3, a scale per token and KV head, as the engine stores it) at the
+launch beside an FP8 cache (e4m3, a scale per token and KV head, V laid out by token: as the
+engine stores it) at the
 default and a few other launch choices, the FP8 cache's bytes counted for its bandwidth; "bf16
 tiles" widens the keys to the query's bf16 rather than to fp16 (`triton_attention_tiles.fp16_keys`).
 """
@@ -61,9 +62,10 @@ def main() -> None:
         "--fp8-kv", action="store_true", help="with --regimes: an FP8 cache against bf16's"
     )
     parser.add_argument(
-        "--v-by-token",
+        "--v-by-dim",
         action="store_true",
-        help="with --regimes --fp8-kv: also the FP8 cache with V's pages laid out by token",
+        help="with --regimes --fp8-kv: also the FP8 cache with V laid out by dim, as bf16's (the "
+        "engine lays an FP8 cache's V out by token)",
     )
     parser.add_argument(
         "--head-major",
@@ -184,6 +186,7 @@ def sweep_regimes(args) -> list[dict]:
     from rollout.kernels import triton_decode_attention as decode
     from rollout.kernels import triton_paged_attention as kernels
     from rollout.kernels.torch_fp8 import quantize_kv
+    from rollout.kernels.torch_paged_attention import v_by_token
     from rollout.kernels.triton_attention_tiles import fp8_kv_tiles
 
     hkv, d, bs, dtype = args.kv_heads, args.head_dim, args.block_size, torch.bfloat16
@@ -195,7 +198,8 @@ def sweep_regimes(args) -> list[dict]:
         choices = {
             "bf16 KV": base,
             # the engine's FP8 read: K widened to fp16 (one conversion instruction per two
-            # values), V to bf16 (integer instructions), pieces up to 2,048 at a full batch
+            # values), V laid out by token and widened to bf16 (integer instructions), pieces
+            # up to 2,048 at a full batch
             "FP8 KV": base,
             "FP8, up to 1024 at a full batch": up_to_1024,
             "FP8, bf16 tiles": base,
@@ -237,7 +241,7 @@ def sweep_regimes(args) -> list[dict]:
         if args.fp8_kv:
             k8, k_scale = quantize_kv(k_cache)
             v8, v_scale = quantize_kv(inputs[2])
-            fp8_inputs = (inputs[0], k8, v8, *inputs[3:])
+            fp8_inputs = (inputs[0], k8, v_by_token(v8), *inputs[3:])
             fp8_kv_bytes = kv_bytes // 2 + 2 * s * n * hkv * k_scale.element_size()
         layouts = {"": (inputs, fp8_inputs)}
         if args.head_major:  # the same values, each page's tokens of one head side by side
@@ -249,9 +253,8 @@ def sweep_regimes(args) -> list[dict]:
                 (inputs[0], head_major(inputs[1]), head_major(inputs[2]), *inputs[3:]),
                 (inputs[0], head_major(k8), head_major(v8), *inputs[3:]),
             )
-        if args.v_by_token:  # [block, head, dim, slot] in memory, seen as [block, slot, head, dim]
-            by_token = v8.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
-            layouts[", V by token"] = (None, (inputs[0], k8, by_token, *inputs[3:]))
+        if args.v_by_dim:
+            layouts[", V by dim"] = (None, (inputs[0], k8, v8, *inputs[3:]))
         line = []
         for (name, tiles), suffix in itertools.product(choices.items(), layouts):
             if suffix and name not in ("bf16 KV", "FP8 KV"):

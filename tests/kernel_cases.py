@@ -60,14 +60,29 @@ def make_case(
     )
 
 
-def with_fp8_cache(case: dict) -> dict:
+def with_fp8_cache(case: dict, v_by_token: bool = True) -> dict:
     """The same case with its caches in FP8: e4m3 rows and a power-of-two scale per (token,
-    head), as the engine's FP8 KV write stores them; the scales under "kv_scales"."""
+    head), as the engine's FP8 KV write stores them, V laid out by token as the engine holds it
+    (or by dim, as a bf16 cache); the scales under "kv_scales"."""
+    from rollout.kernels import torch_paged_attention
     from rollout.kernels.torch_fp8 import quantize_kv
 
     k_cache, k_scale = quantize_kv(case["k_cache"])
     v_cache, v_scale = quantize_kv(case["v_cache"])
+    if v_by_token:
+        v_cache = torch_paged_attention.v_by_token(v_cache)
     return {**case, "k_cache": k_cache, "v_cache": v_cache, "kv_scales": (k_scale, v_scale)}
+
+
+def with_nan_leftovers(case: dict) -> dict:
+    """The case's FP8 caches with e4m3's NaN in every slot of each sequence's last page past its
+    context: another sequence's leftovers, which no read may let through."""
+    block_size = case["k_cache"].shape[1]
+    for s, n in enumerate(case["seq_lens_host"]):
+        last = case["block_tables"][s, (n - 1) // block_size]
+        for cache in (case["k_cache"], case["v_cache"]):
+            cache.view(torch.uint8)[last, (n - 1) % block_size + 1 :] = 0x7F
+    return case
 
 
 def wide_range_fp8_case(seq_lens, query_lens, num_kv_heads, head_dim, device) -> dict:

@@ -13,7 +13,7 @@ import triton.runtime.interpreter as interpreter
 from rollout.kernels import torch_moe, triton_linear, triton_moe, triton_routing
 from rollout.kernels import torch_paged_attention as twin
 from rollout.kernels import triton_paged_attention as kernels
-from tests.kernel_cases import make_case, with_fp8_cache
+from tests.kernel_cases import make_case, with_fp8_cache, with_nan_leftovers
 from tests.triton_launches import record_launches
 
 # triton 3.6's interpreter turns its 1-element scalar arrays into Python ints with int(array),
@@ -178,8 +178,9 @@ def check_write_kv() -> float:
 
 def check_fp8_kv() -> float:
     """An FP8 cache: the KV write stores the twin's very bytes and scales (a zero row, rows of
-    very different sizes, a skipped slot); decode (several splits, a window) and extend read it
-    as the twin does."""
+    very different sizes, a skipped slot), V laid out by token as the engine holds it; decode
+    (several splits, a window) and extend read it as the twin does, V by token or by dim, with
+    NaN bytes past every context that must not get through."""
     from rollout.kernels.torch_fp8 import FP8_DTYPE
 
     g = torch.Generator().manual_seed(0)
@@ -188,6 +189,7 @@ def check_fp8_kv() -> float:
     key[2, 1] = 0.0
     slots = torch.tensor([3, -1, 17, 40, 0, 63], dtype=torch.int32)
     caches = [torch.zeros(4, 16, 2, 64, dtype=FP8_DTYPE) for _ in range(4)]
+    caches[1], caches[3] = twin.v_by_token(caches[1]), twin.v_by_token(caches[3])
     scales = [torch.ones(4, 16, 2) for _ in range(4)]
     kernels.write_kv(key, value, caches[0], caches[1], slots, scales[0], scales[1])
     twin.write_kv(key, value, caches[2], caches[3], slots, scales[2], scales[3])
@@ -215,13 +217,20 @@ def check_fp8_kv() -> float:
     ):
         return float("inf")
     worst = 0.0
-    decode = with_fp8_cache(
-        make_case([1, 17, 600, 1000, 513], [1] * 5, 2, 4, 64, 16, torch.float32, "cpu")
-    )
-    extend = with_fp8_cache(
-        make_case([70, 5, 130, 300], [70, 1, 65, 1], 2, 4, 64, 16, torch.float32, "cpu")
-    )
-    for variant in ({}, dict(window=300)):
+    layouts = [(True, {}), (True, dict(window=300)), (False, {}), (False, dict(window=300))]
+    for by_token, variant in layouts:
+        decode = with_nan_leftovers(
+            with_fp8_cache(
+                make_case([1, 17, 600, 1000, 513], [1] * 5, 2, 4, 64, 16, torch.float32, "cpu"),
+                by_token,
+            )
+        )
+        extend = with_nan_leftovers(
+            with_fp8_cache(
+                make_case([70, 5, 130, 300], [70, 1, 65, 1], 2, 4, 64, 16, torch.float32, "cpu"),
+                by_token,
+            )
+        )
         fp8 = dict(variant, kv_scales=decode["kv_scales"])
         got = kernels.decode_attention(
             decode["query"], decode["k_cache"], decode["v_cache"], decode["block_tables"],

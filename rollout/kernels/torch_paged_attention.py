@@ -1,6 +1,8 @@
 """Paged attention in plain PyTorch: the CPU path and the oracle for the Triton kernels.
 
 Cache layout (one layer): k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim].
+An FP8 cache's V is laid out by token in memory ([num_blocks, num_kv_heads, head_dim,
+block_size], seen through that shape: `v_by_token`), which the code here reads like any other.
 A step's tokens are packed: sequence s owns query rows [query_start_loc[s], query_start_loc[s + 1])
 and, after this step's KV write, has seq_lens[s] tokens of context in the blocks block_tables[s].
 Its queries are the last tokens of that context (causal mask aligned bottom-right). An FP8 cache
@@ -30,15 +32,32 @@ def write_kv(
     k_scale: torch.Tensor | None = None,  # FP8 cache: [num_blocks, block_size, num_kv_heads]
     v_scale: torch.Tensor | None = None,
 ) -> None:
-    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    block_size = k_cache.shape[1]
     keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
+    blocks, offsets = slot_mapping[keep] // block_size, slot_mapping[keep] % block_size
     for x, cache, scale in ((key, k_cache, k_scale), (value, v_cache, v_scale)):
         rows = x[keep]
         if scale is not None:
             rows, scales = quantize_kv(rows)
-            scale.view(num_slots, scale.shape[2])[slots] = scales
-        cache.view(num_slots, *cache.shape[2:])[slots] = rows.to(cache.dtype)
+            scale[blocks, offsets] = scales
+        cache[blocks, offsets] = rows.to(cache.dtype)  # whatever the cache's strides
+
+
+# The Triton kernels' tiles hold whole pages (decode 128 tokens, extend 64): pages of up to 64
+# tokens, a power of two, can hold V by token.
+V_BY_TOKEN_MAX_PAGE = 64
+
+
+def lays_out_v_by_token(block_size: int) -> bool:
+    """Whether an FP8 cache of pages of `block_size` tokens holds V by token (`v_by_token`)."""
+    return 0 < block_size <= V_BY_TOKEN_MAX_PAGE and block_size & (block_size - 1) == 0
+
+
+def v_by_token(v_cache: torch.Tensor) -> torch.Tensor:
+    """The same values laid out by token in memory ([num_blocks, num_kv_heads, head_dim,
+    block_size]), seen as [num_blocks, block_size, num_kv_heads, head_dim]: how an FP8 cache
+    holds V, so that the Triton kernels read its tiles straight into the MMA."""
+    return v_cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
 
 
 def _pages(cache, scale, pages) -> torch.Tensor:
@@ -133,6 +152,9 @@ def _decode_batched(
     if window is not None:  # the query sits at lengths - 1
         hidden |= k_pos <= lengths[:, None] - 1 - window
     scores.masked_fill_(hidden[:, None, None, :], float("-inf"))
+    # Past a sequence's context lie stale slots (another sequence's, or padding pages): their
+    # weight is 0, but 0 x NaN is NaN, so their values go too.
+    v = v.masked_fill(hidden[:, :, None, None], 0.0)
     # Heads [Hkv, G] flattened back to H for the sinks, and the softmax over L.
     probs = _softmax(scores.view(num_seqs, num_heads, 1, -1), sinks).view(scores.shape)
     out = torch.einsum("skgl,slkd->skgd", probs, v)

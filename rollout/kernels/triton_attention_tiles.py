@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from rollout.kernels.torch_paged_attention import V_BY_TOKEN_MAX_PAGE, lays_out_v_by_token
 from rollout.kernels.triton_fp8_widen import widen_e4m3
 
 FP8_KV_TILES = "fp16 K"
@@ -43,19 +44,18 @@ def fp16_keys(query: torch.Tensor, fp8_kv: bool) -> bool:
 
 def v_by_token(k_cache: torch.Tensor, v_cache: torch.Tensor, fp8_kv: bool) -> bool:
     """Whether the V cache's pages hold each (head, dim)'s tokens side by side ([block, head,
-    dim, slot] in memory, seen as [block, slot, head, dim] like K): how an FP8 cache lays out V,
-    so that its tiles reach the MMA in the operand layout without a trip through shared memory.
-    Refused for a bf16 cache (its kernels read V by dim) and for blocks unlike K's."""
+    dim, slot] in memory, seen as [block, slot, head, dim] like K): how an FP8 cache lays out V
+    (`torch_paged_attention.v_by_token`), read by `load_kv_tile`. Refused where the kernels
+    cannot read it so: a bf16 cache, blocks unlike K's, pages the tiles do not hold whole."""
     _, page, _, dim = v_cache.shape
-    if not (
-        v_cache.stride(1) == 1 and v_cache.stride(3) == page and v_cache.stride(2) == page * dim
-    ):
+    if v_cache.stride(1) != 1 or v_cache.stride(3) != page or v_cache.stride(2) != page * dim:
         return False
-    if not fp8_kv or v_cache.stride(0) != k_cache.stride(0):
+    if not (fp8_kv and v_cache.stride(0) == k_cache.stride(0) and lays_out_v_by_token(page)):
         raise ValueError(
-            "a V cache laid out by token needs an FP8 cache (kv_cache_dtype='fp8') whose K and V "
-            f"blocks have the same stride; got {v_cache.dtype} with block strides "
-            f"{k_cache.stride(0)} and {v_cache.stride(0)}"
+            "decode/extend attention: V laid out by token needs an FP8 cache "
+            "(kv_cache_dtype='fp8'), K's block stride and pages of a power of two up to "
+            f"{V_BY_TOKEN_MAX_PAGE} tokens; got {v_cache.dtype}, block strides "
+            f"{k_cache.stride(0)} and {v_cache.stride(0)}, pages of {page}"
         )
     return True
 
@@ -71,7 +71,7 @@ def load_kv_tile(
     k_cache_ptr, v_cache_ptr, block_table_ptr, offs, n_mask, d, d_mask, kv_head,
     stride_cblock, stride_cslot, stride_chead, PAGE: tl.constexpr,
     k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, like_ptr, FP8_KV: tl.constexpr,
-    FAST_WIDEN: tl.constexpr, K_F16: tl.constexpr, V_BY_TOKEN: tl.constexpr = False,
+    FAST_WIDEN: tl.constexpr, K_F16: tl.constexpr, V_BY_TOKEN: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):  # fmt: skip
     """K and V at context positions `offs` of the sequence whose block-table row starts at
     `block_table_ptr`: [len(offs), BLOCK_D] each, zeros where `n_mask` or `d_mask` is off, and
@@ -79,7 +79,13 @@ def load_kv_tile(
     dtype (K into fp16 with K_F16) unscaled: the caller multiplies the scores by
     the K scales (`scale_scores`) and the probabilities by the V scales (`fold_tile`), a few
     multiplies a token instead of three conversions an element, and exact as the scales are
-    powers of two. Without an FP8 cache the scales are never used (and compiled away)."""
+    powers of two. Without an FP8 cache the scales are never used (and compiled away).
+
+    With V_BY_TOKEN, V's pages hold each (head, dim)'s tokens side by side ([block, head, dim,
+    slot] in memory, `torch_paged_attention.v_by_token`; `offs` must start at a page's start):
+    runs of PAGE tokens load as vectors and widen straight into the MMA's operand layout, as K
+    does along its dims. They load unmasked along the tokens (a masked load would not
+    vectorize), so the slots of the last page past the context are read too."""
     page = tl.load(block_table_ptr + offs // PAGE, mask=n_mask, other=0)
     # int64: block x stride passes int32 in caches of over 2^31 elements.
     row = page.to(tl.int64) * stride_cblock + (offs % PAGE) * stride_cslot + kv_head * stride_chead
@@ -87,8 +93,8 @@ def load_kv_tile(
     k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
     if V_BY_TOKEN:
         slot = tl.max_contiguous(tl.multiple_of(offs % PAGE, PAGE), PAGE)
-        v_page = tl.max_constancy(page, PAGE)
-        v_row = v_page.to(tl.int64) * stride_cblock + kv_head * (PAGE * d.shape[0]) + slot
+        v_page = tl.max_constancy(page, PAGE).to(tl.int64)
+        v_row = v_page * stride_cblock + kv_head * (PAGE * HEAD_DIM) + slot
         v = tl.load(
             v_cache_ptr + v_row[:, None] + d[None, :] * PAGE, mask=d_mask[None, :], other=0.0
         )

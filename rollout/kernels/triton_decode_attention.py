@@ -92,7 +92,7 @@ def _decode_kernel(
     BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_LEN: tl.constexpr,
     MERGE_CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-    V_BY_TOKEN: tl.constexpr = False,
+    V_BY_TOKEN: tl.constexpr,
 ):  # fmt: skip
     s = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -116,12 +116,17 @@ def _decode_kernel(
     lo = seq_len * 0  # first position any row sees
     if HAS_WINDOW:
         lo = tl.maximum(seq_len - QUERY_LEN - window + 1, 0)
+        if V_BY_TOKEN:  # tiles from a page's start (load_kv_tile); the window masks the rest
+            lo = lo // PAGE * PAGE
     # This sequence's piece length: its visible context over the pieces wanted, in whole tiles,
     # between one tile and SPLIT_LEN. The host sized the grid so the pieces always fit.
     piece = tl.cdiv(tl.cdiv(seq_len - lo, splits_wanted), BLOCK_N) * BLOCK_N
     piece = tl.minimum(tl.maximum(piece, BLOCK_N), SPLIT_LEN)
     # A context past the static maximum would need more pieces than the grid has: longer ones.
-    piece = tl.maximum(piece, tl.cdiv(seq_len - lo, num_splits))
+    longer = tl.cdiv(seq_len - lo, num_splits)
+    if V_BY_TOKEN:  # pieces start at a page's start (load_kv_tile)
+        longer = tl.cdiv(longer, PAGE) * PAGE
+    piece = tl.maximum(piece, longer)
     num_active = tl.cdiv(seq_len - lo, piece)
     if split >= num_active:
         return
@@ -143,7 +148,7 @@ def _decode_kernel(
             k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs, n_mask, d, d_mask,
             kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
             k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV, FAST_WIDEN,
-            K_F16, V_BY_TOKEN,
+            K_F16, V_BY_TOKEN, HEAD_DIM,
         )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [ROWS_PAD, BLOCK_N]
         qk = scale_scores(qk, k_scale, q_back, FP8_KV, K_F16)

@@ -26,6 +26,7 @@ from rollout.kernels.triton_attention_tiles import (
     query_for_tiles,
     scale_scores,
     soft_cap,
+    v_by_token,
 )
 from rollout.kernels.triton_decode_attention import (  # noqa: F401 - the backend's surface
     DECODE_TILES,
@@ -41,7 +42,8 @@ EXTEND_BLOCK_N = 64
 def _write_kv_kernel(
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_cslot, stride_chead, stride_sslot,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, FP8_KV: tl.constexpr,
+    stride_vblock, stride_vslot, stride_vhead, stride_vdim,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, FP8_KV: tl.constexpr, PAGE: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0)
     h = tl.program_id(1)
@@ -52,6 +54,9 @@ def _write_kv_kernel(
         k = tl.load(key_ptr + t * stride_kt + h * stride_kh + d, mask=mask, other=0.0)
         v = tl.load(value_ptr + t * stride_vt + h * stride_vh + d, mask=mask, other=0.0)
         dst = slot * stride_cslot + h * stride_chead + d
+        # V by its own strides: an FP8 cache's is laid out by token (`v_by_token`)
+        v_dst = (slot // PAGE) * stride_vblock + (slot % PAGE) * stride_vslot + h * stride_vhead
+        v_dst += d * stride_vdim
         if FP8_KV:  # each row in e4m3 with its power-of-two scale, as torch_fp8.quantize_kv
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -60,10 +65,10 @@ def _write_kv_kernel(
             tl.store(k_scale_ptr + slot * stride_sslot + h, k_scale)
             tl.store(v_scale_ptr + slot * stride_sslot + h, v_scale)
             tl.store(k_cache_ptr + dst, e4m3_bits(k * k_inverse), mask=mask)  # the cache as bytes
-            tl.store(v_cache_ptr + dst, e4m3_bits(v * v_inverse), mask=mask)
+            tl.store(v_cache_ptr + v_dst, e4m3_bits(v * v_inverse), mask=mask)
         else:
             tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-            tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(v_cache_ptr + v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
@@ -77,8 +82,9 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=N
         key, value, k_cache, v_cache, slot_mapping,
         k_scale if fp8 else k_cache, v_scale if fp8 else v_cache,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        k_cache.stride(1), k_cache.stride(2), k_scale.stride(1) if fp8 else 0,
+        k_cache.stride(1), k_cache.stride(2), k_scale.stride(1) if fp8 else 0, *v_cache.stride(),
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), FP8_KV=fp8,
+        PAGE=k_cache.shape[1],
     )  # fmt: skip
 
 
@@ -92,6 +98,7 @@ def _extend_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+    V_BY_TOKEN: tl.constexpr,
 ):  # fmt: skip
     qb = tl.program_id(0)
     h = tl.program_id(1)
@@ -122,6 +129,8 @@ def _extend_kernel(
     kv_start = prefix * 0
     if HAS_WINDOW:  # nothing before the window of the block's first row
         kv_start = tl.maximum(prefix + m0 - window + 1, 0)
+        if V_BY_TOKEN:  # tiles from a page's start (load_kv_tile); the window masks the rest
+            kv_start = kv_start // PAGE * PAGE
     for n0 in range(kv_start, kv_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_end
@@ -129,7 +138,7 @@ def _extend_kernel(
             k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs_n, n_mask, d, d_mask,
             kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
             k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV, FAST_WIDEN,
-            K_F16,
+            K_F16, V_BY_TOKEN, HEAD_DIM,
         )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N]
         qk = scale_scores(qk, k_scale, q_back, FP8_KV, K_F16)
@@ -185,6 +194,6 @@ def extend_attention(
         BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
         BLOCK_M=EXTEND_BLOCK_M, BLOCK_N=EXTEND_BLOCK_N, DOT_PRECISION=dot_precision(query),
         HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
-        num_warps=4, num_stages=2,
+        V_BY_TOKEN=v_by_token(k_cache, v_cache, kv_scales is not None), num_warps=4, num_stages=2,
     )  # fmt: skip
     return out

@@ -13,6 +13,7 @@ from rollout import SamplingParams
 from rollout.kernels import triton_fp8_widen
 from rollout.kernels.torch_fp8 import fp8_linear_reference, quantize_rows
 from rollout.kernels.torch_moe import fused_experts_reference
+from rollout.kernels.torch_paged_attention import v_by_token
 from rollout.kernels.triton_attention_tiles import fp8_kv_tiles
 from rollout.kernels.triton_fp8_widen import widen_e4m3
 from tests import model_zoo
@@ -404,32 +405,38 @@ def test_graphs_equal_eager_with_an_fp8_kv_cache_read_through(kv_tiles: str) -> 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_v_laid_out_by_token_reads_the_same(dtype) -> None:
-    """An FP8 cache whose V pages hold each (head, dim)'s tokens side by side: decode gives the
-    plain layout's result, and NaN bytes left past every context (another sequence's leftovers,
-    read unmasked in that layout) do not reach it."""
-    from rollout.kernels import triton_decode_attention as decode
-    from rollout.kernels.torch_fp8 import quantize_kv
+    """An FP8 cache whose V pages hold each (head, dim)'s tokens side by side (the engine's) and
+    one laid out by dim: decode and extend give the same result within the probabilities'
+    rounding, and NaN bytes left past every context (another sequence's leftovers, which V by
+    token reads unmasked) reach neither."""
+    from rollout.kernels import triton_paged_attention as kernels
+    from tests.kernel_cases import make_case, with_fp8_cache, with_nan_leftovers
 
-    g = torch.Generator(device="cuda").manual_seed(5)
-    seq_lens = torch.tensor([1, 37, 700, 4000, 129], dtype=torch.int32, device="cuda")
-    page, pages, kv_heads, dim = 16, 256, 8, 128
-    k = torch.randn(len(seq_lens) * pages, page, kv_heads, dim, device="cuda", generator=g)
-    k8, k_scale = quantize_kv(k)
-    v8, v_scale = quantize_kv(torch.randn_like(k))
-    tables = torch.randperm(len(seq_lens) * pages, device="cuda").view(len(seq_lens), pages).int()
-    for s, n in enumerate(seq_lens.tolist()):
-        last = tables[s, (n - 1) // page]
-        v8.view(torch.uint8)[last, (n - 1) % page + 1 :] = 0x7F
-    by_token = v8.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
-    query = torch.randn(len(seq_lens), 32, dim, device="cuda", generator=g).to(dtype)
-    outs = [
-        decode.decode_attention(
-            query, k8, v, tables, seq_lens, dim**-0.5, pages * page, kv_scales=(k_scale, v_scale)
-        )
-        for v in (v8, by_token)
-    ]
-    assert torch.isfinite(outs[0]).all() and torch.isfinite(outs[1]).all()
-    torch.testing.assert_close(outs[1].float(), outs[0].float(), rtol=2e-3, atol=2e-3)
+    outs = {}
+    for by_token in (False, True):
+        for name, seq_lens, query_lens in (
+            ("decode", [1, 37, 700, 4000, 129], [1] * 5),
+            ("extend", [300, 70, 5], [300, 7, 1]),
+        ):
+            case = make_case(seq_lens, query_lens, 8, 4, 128, 16, dtype, "cuda")
+            case = with_nan_leftovers(with_fp8_cache(case, by_token))
+            kv = (case["query"], case["k_cache"], case["v_cache"], case["block_tables"])
+            if name == "decode":
+                got = kernels.decode_attention(
+                    *kv, case["seq_lens"], case["scale"], 4096, kv_scales=case["kv_scales"]
+                )
+            else:
+                got = kernels.extend_attention(
+                    *kv, case["query_start_loc"], case["seq_lens"], case["q_block_seq"],
+                    case["q_block_start"], case["scale"], kv_scales=case["kv_scales"],
+                )  # fmt: skip
+            assert torch.isfinite(got).all(), (name, by_token)
+            outs[name, by_token] = got.float()
+    for name in ("decode", "extend"):
+        torch.testing.assert_close(outs[name, True], outs[name, False], rtol=2e-3, atol=2e-3)
+    case = make_case([40], [1], 8, 4, 128, 16, dtype, "cuda")
     with pytest.raises(ValueError, match="needs an FP8 cache"):
-        bf16_v = v8.to(dtype).permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
-        decode.decode_attention(query, k8.to(dtype), bf16_v, tables, seq_lens, 1.0, pages * page)
+        kernels.decode_attention(
+            case["query"], case["k_cache"], v_by_token(case["v_cache"]), case["block_tables"],
+            case["seq_lens"], case["scale"], 4096,
+        )  # fmt: skip

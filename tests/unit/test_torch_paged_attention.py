@@ -279,3 +279,30 @@ def test_write_kv_casts_to_cache_dtype():
     assert k_cache.dtype == torch.bfloat16
     assert torch.equal(k_cache[1, 1], key[0].to(torch.bfloat16))
     assert torch.equal(v_cache[0, 2], value[1].to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("by_token", [False, True])
+def test_stale_slots_past_a_context_do_not_reach_it(by_token: bool) -> None:
+    """Decode (batched) and prefill read pages whose slots past the context hold what another
+    sequence left there, NaN and infinities included; the result is the clean cache's, in either
+    V layout (an FP8 cache holds V by token, `v_by_token`)."""
+    from rollout.kernels.torch_paged_attention import v_by_token
+
+    g = torch.Generator().manual_seed(0)
+    seq_lens, block_size = [5, 19, 1], 8
+    k_cache = torch.randn(9, block_size, 2, 16, generator=g)
+    v_cache = torch.randn(9, block_size, 2, 16, generator=g)
+    block_tables = torch.tensor([[4, 0, 0], [1, 7, 2], [8, 0, 0]], dtype=torch.int32)
+    query = torch.randn(3, 4, 16, generator=g)
+    clean = paged_attention(query, k_cache, v_cache, block_tables, [0, 1, 2, 3], seq_lens, 0.25)
+    for s, n in enumerate(seq_lens):
+        last = block_tables[s, (n - 1) // block_size]
+        k_cache[last, (n - 1) % block_size + 1 :] = float("nan")
+        v_cache[last, (n - 1) % block_size + 1 :] = float("inf")
+    v_cache[0] = float("nan")  # the page the short sequences' table rows are padded with
+    if by_token:
+        v_cache = v_by_token(v_cache)
+    got = paged_attention(query, k_cache, v_cache, block_tables, [0, 1, 2, 3], seq_lens, 0.25)
+    torch.testing.assert_close(got, clean, rtol=0, atol=0)
+    one = paged_attention(query[1:2], k_cache, v_cache, block_tables[1:2], [0, 1], [19], 0.25)
+    torch.testing.assert_close(one, clean[1:2], rtol=0, atol=0)
