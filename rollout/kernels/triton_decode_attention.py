@@ -303,6 +303,12 @@ def decode_attention(
     rows = group * query_len
     merge_rows = max(2, triton.next_power_of_2(rows))
     k_f16 = fp16_keys(query, kv_scales is not None)
+    by_token = v_by_token(k_cache, v_cache, kv_scales is not None)
+    if by_token and tiles.block_n < k_cache.shape[1]:
+        raise ValueError(
+            f"decode_attention: tiles of {tiles.block_n} tokens over pages of {k_cache.shape[1]} "
+            "with V laid out by token; the tiles must hold whole pages (DecodeTiles.block_n)"
+        )
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, seq_lens, sinks if sinks is not None else query,
         part_out, part_lse, arrivals, out,
@@ -320,7 +326,6 @@ def decode_attention(
         MERGE_CHUNK=max(1, min(16, 64 // merge_rows, triton.next_power_of_2(num_splits))),
         DOT_PRECISION=dot_precision(query), HAS_WINDOW=window is not None,
         HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
-        V_BY_TOKEN=v_by_token(k_cache, v_cache, kv_scales is not None),
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        V_BY_TOKEN=by_token, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return out

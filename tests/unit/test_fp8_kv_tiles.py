@@ -38,3 +38,31 @@ def test_an_fp8_cache_takes_longer_pieces_only_at_a_full_batch() -> None:
     few = DECODE_TILES.splits_per_sequence(2, 8)
     assert few > 1
     assert DECODE_TILES.longest_piece(few, fp8_kv=True) == DECODE_TILES.split_len
+
+
+def test_the_engine_lays_an_fp8_caches_v_out_by_token_and_the_kernels_see_it() -> None:
+    """allocate_kv_caches holds an FP8 cache's V by token (a bf16 cache's by dim), which the
+    kernels tell from the strides; a layout they cannot read so is refused before a launch."""
+    from rollout.engine.execution.kv_cache import KVCacheShape, allocate_kv_caches
+    from rollout.kernels.torch_fp8 import FP8_DTYPE
+    from rollout.kernels.torch_paged_attention import v_by_token
+    from rollout.kernels.triton_decode_attention import DecodeTiles, decode_attention
+
+    shape = KVCacheShape(num_layers=2, num_kv_heads=2, head_dim=8)
+    fp8 = allocate_kv_caches(shape, 5, 16, FP8_DTYPE, torch.device("cpu"))[1]
+    bf16 = allocate_kv_caches(shape, 5, 16, torch.bfloat16, torch.device("cpu"))[1]
+    assert fp8.v.shape == fp8.k.shape == bf16.v.shape == (5, 16, 2, 8)
+    assert triton_attention_tiles.v_by_token(fp8.k, fp8.v, fp8_kv=True)
+    assert not triton_attention_tiles.v_by_token(bf16.k, bf16.v, fp8_kv=False)
+    assert not triton_attention_tiles.v_by_token(fp8.k, fp8.k, fp8_kv=True)  # K: by dim
+    with pytest.raises(ValueError, match="needs an FP8 cache"):
+        triton_attention_tiles.v_by_token(bf16.k, v_by_token(bf16.v), fp8_kv=False)
+    wide = allocate_kv_caches(shape, 5, 128, FP8_DTYPE, torch.device("cpu"))[0]
+    assert not triton_attention_tiles.v_by_token(wide.k, wide.v, fp8_kv=True)  # 128: by dim
+    query = torch.zeros(1, 4, 8, dtype=torch.bfloat16)
+    tables, lens = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="must hold whole pages"):
+        decode_attention(
+            query, fp8.k, fp8.v, tables, lens, 1.0, 16, DecodeTiles(block_n=8),
+            kv_scales=(fp8.k_scale, fp8.v_scale),
+        )  # fmt: skip

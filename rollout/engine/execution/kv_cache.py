@@ -3,8 +3,9 @@
 With `kv_cache_dtype="fp8"` each layer's keys and values are e4m3 with a power-of-two scale per
 (token, KV head) beside them (`torch_fp8.quantize_kv`): 2 x (head_dim + 4) bytes a token and
 head instead of 2 x 2 x head_dim, so the same memory holds 1.9x the tokens at head_dim 128.
-Its V pages are laid out by token (`torch_paged_attention.v_by_token`), which lets the decode
-and extend kernels widen V's tiles in the MMA's operand layout.
+Its V pages (of up to 64 tokens, a power of two) are laid out by token
+(`torch_paged_attention.v_by_token`), which lets the decode and extend kernels widen V's tiles
+in the MMA's operand layout.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from rollout.engine.config import EngineConfig
 from rollout.kernels.torch_fp8 import FP8_DTYPE
+from rollout.kernels.torch_paged_attention import lays_out_v_by_token
 
 
 class LayerKV(NamedTuple):
@@ -99,19 +101,21 @@ def allocate_kv_caches(
 ) -> list[LayerKV]:
     """One tensor for all layers' K and V (and one for their FP8 scales); per layer views of
     [num_blocks, block_size, num_kv_heads, head_dim] (an FP8 cache's V laid out by token in
-    memory, [num_blocks, num_kv_heads, head_dim, block_size])."""
+    memory, [num_blocks, num_kv_heads, head_dim, block_size], where its pages are of up to 64
+    tokens, a power of two: `lays_out_v_by_token`)."""
     dims = (num_blocks, block_size, shape.num_kv_heads)
     storage = torch.zeros(shape.num_layers, 2, *dims, shape.head_dim, dtype=dtype, device=device)
     if dtype != FP8_DTYPE:
         return [LayerKV(storage[i, 0], storage[i, 1]) for i in range(shape.num_layers)]
     scales = torch.ones(shape.num_layers, 2, *dims, dtype=torch.float32, device=device)
     by_token = (num_blocks, shape.num_kv_heads, shape.head_dim, block_size)
+
+    def values(i: int) -> torch.Tensor:
+        if not lays_out_v_by_token(block_size):  # pages longer than the kernels' tiles
+            return storage[i, 1]
+        return storage[i, 1].view(by_token).permute(0, 3, 1, 2)
+
     return [
-        LayerKV(
-            storage[i, 0],
-            storage[i, 1].view(by_token).permute(0, 3, 1, 2),
-            scales[i, 0],
-            scales[i, 1],
-        )  # fmt: skip
+        LayerKV(storage[i, 0], values(i), scales[i, 0], scales[i, 1])
         for i in range(shape.num_layers)
     ]
