@@ -17,9 +17,9 @@ launches (one per layer of an 8B model) over the number of launches, as the engi
 (bench_gemm's `time_in_graph`); do_bench's per-call timing would add the host's launch time to
 kernels of a few microseconds. With --fp8-kv each point times the bf16 cache at the default
 launch beside an FP8 cache (e4m3, a scale per token and KV head, V laid out by token: as the
-engine stores it) at the
-default and a few other launch choices, the FP8 cache's bytes counted for its bandwidth; "bf16
-tiles" widens the keys to the query's bf16 rather than to fp16 (`triton_attention_tiles.fp16_keys`).
+engine stores it) at the default and a few other launch choices, the FP8 cache's bytes counted
+for its bandwidth; "bf16 tiles" widens the keys to the query's bf16 rather than to fp16
+(`triton_attention_tiles.fp16_keys`); --v-by-dim adds V laid out by dim, as a bf16 cache's.
 """
 
 from __future__ import annotations
@@ -66,11 +66,6 @@ def main() -> None:
         action="store_true",
         help="with --regimes --fp8-kv: also the FP8 cache with V laid out by dim, as bf16's (the "
         "engine lays an FP8 cache's V out by token)",
-    )
-    parser.add_argument(
-        "--head-major",
-        action="store_true",
-        help="with --regimes --fp8-kv: the caches' pages laid out head by head too",
     )
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
@@ -178,7 +173,6 @@ def sweep_regimes(args) -> list[dict]:
     """Per batch point and launch choice: microseconds per launch inside a CUDA graph."""
     import dataclasses
     import functools
-    import itertools
 
     import torch
 
@@ -207,6 +201,8 @@ def sweep_regimes(args) -> list[dict]:
             "FP8, 2 stages": dataclasses.replace(base, num_stages=2),
             "FP8, 2 warps": dataclasses.replace(base, num_warps=2),
         }
+        if args.v_by_dim:
+            choices["FP8, V by dim"] = base
     else:
         choices = {
             "fixed 512-token pieces": dataclasses.replace(up_to_512, target_programs=0),
@@ -237,35 +233,21 @@ def sweep_regimes(args) -> list[dict]:
             max_context,
         )
         kv_bytes = 2 * s * n * hkv * d * k_cache.element_size()
-        fp8_inputs = fp8_kv_bytes = None
+        fp8_inputs = by_dim_inputs = fp8_kv_bytes = None
         if args.fp8_kv:
             k8, k_scale = quantize_kv(k_cache)
             v8, v_scale = quantize_kv(inputs[2])
             fp8_inputs = (inputs[0], k8, v_by_token(v8), *inputs[3:])
+            by_dim_inputs = (inputs[0], k8, v8, *inputs[3:])
             fp8_kv_bytes = kv_bytes // 2 + 2 * s * n * hkv * k_scale.element_size()
-        layouts = {"": (inputs, fp8_inputs)}
-        if args.head_major:  # the same values, each page's tokens of one head side by side
-
-            def head_major(cache):
-                return cache.transpose(1, 2).contiguous().transpose(1, 2)
-
-            layouts[", pages head-major"] = (
-                (inputs[0], head_major(inputs[1]), head_major(inputs[2]), *inputs[3:]),
-                (inputs[0], head_major(k8), head_major(v8), *inputs[3:]),
-            )
-        if args.v_by_dim:
-            layouts[", V by dim"] = (None, (inputs[0], k8, v8, *inputs[3:]))
         line = []
-        for (name, tiles), suffix in itertools.product(choices.items(), layouts):
-            if suffix and name not in ("bf16 KV", "FP8 KV"):
-                continue
-            if layouts[suffix][0 if name == "bf16 KV" else 1] is None:
-                continue
+        for name, tiles in choices.items():
             fp8 = args.fp8_kv and name.startswith("FP8")
-            plain, quantized = layouts[suffix]
-            name += suffix
+            chosen = inputs
+            if fp8:
+                chosen = by_dim_inputs if name.endswith("V by dim") else fp8_inputs
             run = functools.partial(
-                decode.decode_attention, *(quantized if fp8 else plain), tiles,
+                decode.decode_attention, *chosen, tiles,
                 kv_scales=(k_scale, v_scale) if fp8 else None,
             )  # fmt: skip
             with fp8_kv_tiles(tiles_of(name)):
@@ -277,7 +259,7 @@ def sweep_regimes(args) -> list[dict]:
         if args.fp8_kv:
             print(f"  {point:>9s} ({kv_bytes / 1e6:7.1f} MB/layer bf16): " + " | ".join(line),
                   flush=True)  # fmt: skip
-            del inputs, k_cache, fp8_inputs, layouts
+            del inputs, k_cache, fp8_inputs, by_dim_inputs
             torch.cuda.empty_cache()
             continue
         # A verification step of 4 drafts a sequence (5 tokens each, as its graph lays it out):
