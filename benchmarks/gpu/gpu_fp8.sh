@@ -13,6 +13,8 @@
 #   drift    FP8 rollouts against the bf16 trainer (bench_mismatch.py), dense and MoE
 #   grpo-kv  the grpo workload on the Qwen3-8B shape: bf16, then FP8 weights and FP8 KV cache
 #   grpo-fp8-kv  only the latter (after a grpo part in the same call)
+#   grpo-all the grpo workload on the Qwen3-8B shape: bf16, FP8 weights, FP8 weights and KV
+#            (about 9.5 minutes on one H200: a call of its own)
 #   grpo-fp8-kv-bf16  the same with the FP8 cache's K tiles widened to bf16, not fp16
 #   attn-kv  the decode attention kernel alone at a grpo run's batches, bf16 against FP8 KV
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
@@ -71,6 +73,10 @@ for part in "$@"; do
     w1) both w1_qwen3-8b 150 --workload qwen3-8b-w1 ;;
     grpo) both grpo_qwen3-8b 240 --workload grpo ;;
     grpo-kv) FP8_EXTRA=kv_cache_dtype=fp8 both grpo_kv_qwen3-8b 240 --workload grpo ;;
+    grpo-all) both grpo_qwen3-8b 200 --workload grpo
+      run grpo_qwen3-8b_fp8_kv 200 benchmarks/bench_rollout.py --workload grpo --modes overlap \
+        --engine weight_quantization=fp8 --engine kv_cache_dtype=fp8 \
+        --json-out "$OUT_DIR/grpo_qwen3-8b_fp8_kv.json" --plot-out "$PLOT_DIR/grpo_qwen3-8b_fp8_kv.png" ;;
     grpo-fp8-kv) run grpo_qwen3-8b_fp8_kv 240 benchmarks/bench_rollout.py --workload grpo \
       --modes overlap --engine weight_quantization=fp8 --engine kv_cache_dtype=fp8 \
       --json-out "$OUT_DIR/grpo_qwen3-8b_fp8_kv.json" --plot-out "$PLOT_DIR/grpo_qwen3-8b_fp8_kv.png" ;;
