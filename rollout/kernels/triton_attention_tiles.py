@@ -42,7 +42,7 @@ def fp16_keys(query: torch.Tensor, fp8_kv: bool) -> bool:
     return True
 
 
-def v_by_token(k_cache: torch.Tensor, v_cache: torch.Tensor, fp8_kv: bool) -> bool:
+def reads_v_by_token(k_cache: torch.Tensor, v_cache: torch.Tensor, fp8_kv: bool) -> bool:
     """Whether the V cache's pages hold each (head, dim)'s tokens side by side ([block, head,
     dim, slot] in memory, seen as [block, slot, head, dim] like K): how an FP8 cache lays out V
     (`torch_paged_attention.v_by_token`), read by `load_kv_tile`. Refused where the kernels

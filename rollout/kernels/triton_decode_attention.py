@@ -36,9 +36,9 @@ from rollout.kernels.triton_attention_tiles import (
     kv_scale_args,
     load_kv_tile,
     query_for_tiles,
+    reads_v_by_token,
     scale_scores,
     soft_cap,
-    v_by_token,
 )
 from rollout.kernels.triton_fp8_widen import fast_widen
 
@@ -303,7 +303,7 @@ def decode_attention(
     rows = group * query_len
     merge_rows = max(2, triton.next_power_of_2(rows))
     k_f16 = fp16_keys(query, kv_scales is not None)
-    by_token = v_by_token(k_cache, v_cache, kv_scales is not None)
+    by_token = reads_v_by_token(k_cache, v_cache, kv_scales is not None)
     if by_token and tiles.block_n < k_cache.shape[1]:
         raise ValueError(
             f"decode_attention: tiles of {tiles.block_n} tokens over pages of {k_cache.shape[1]} "

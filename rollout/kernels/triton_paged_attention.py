@@ -24,9 +24,9 @@ from rollout.kernels.triton_attention_tiles import (
     load_kv_tile,
     pow2_scale,
     query_for_tiles,
+    reads_v_by_token,
     scale_scores,
     soft_cap,
-    v_by_token,
 )
 from rollout.kernels.triton_decode_attention import (  # noqa: F401 - the backend's surface
     DECODE_TILES,
@@ -194,6 +194,6 @@ def extend_attention(
         BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
         BLOCK_M=EXTEND_BLOCK_M, BLOCK_N=EXTEND_BLOCK_N, DOT_PRECISION=dot_precision(query),
         HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
-        V_BY_TOKEN=v_by_token(k_cache, v_cache, kv_scales is not None), num_warps=4, num_stages=2,
+        V_BY_TOKEN=reads_v_by_token(k_cache, v_cache, kv_scales is not None), num_warps=4, num_stages=2,
     )  # fmt: skip
     return out

@@ -52,13 +52,13 @@ def test_the_engine_lays_an_fp8_caches_v_out_by_token_and_the_kernels_see_it() -
     fp8 = allocate_kv_caches(shape, 5, 16, FP8_DTYPE, torch.device("cpu"))[1]
     bf16 = allocate_kv_caches(shape, 5, 16, torch.bfloat16, torch.device("cpu"))[1]
     assert fp8.v.shape == fp8.k.shape == bf16.v.shape == (5, 16, 2, 8)
-    assert triton_attention_tiles.v_by_token(fp8.k, fp8.v, fp8_kv=True)
-    assert not triton_attention_tiles.v_by_token(bf16.k, bf16.v, fp8_kv=False)
-    assert not triton_attention_tiles.v_by_token(fp8.k, fp8.k, fp8_kv=True)  # K: by dim
+    assert triton_attention_tiles.reads_v_by_token(fp8.k, fp8.v, fp8_kv=True)
+    assert not triton_attention_tiles.reads_v_by_token(bf16.k, bf16.v, fp8_kv=False)
+    assert not triton_attention_tiles.reads_v_by_token(fp8.k, fp8.k, fp8_kv=True)  # K: by dim
     with pytest.raises(ValueError, match="needs an FP8 cache"):
-        triton_attention_tiles.v_by_token(bf16.k, v_by_token(bf16.v), fp8_kv=False)
+        triton_attention_tiles.reads_v_by_token(bf16.k, v_by_token(bf16.v), fp8_kv=False)
     wide = allocate_kv_caches(shape, 5, 128, FP8_DTYPE, torch.device("cpu"))[0]
-    assert not triton_attention_tiles.v_by_token(wide.k, wide.v, fp8_kv=True)  # 128: by dim
+    assert not triton_attention_tiles.reads_v_by_token(wide.k, wide.v, fp8_kv=True)  # 128: by dim
     query = torch.zeros(1, 4, 8, dtype=torch.bfloat16)
     tables, lens = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
     with pytest.raises(ValueError, match="must hold whole pages"):
