@@ -53,7 +53,8 @@ def main() -> None:
         "--points",
         default="1x1024,1x4096,1x16384,2x8192,4x2048,4x16384,8x2048,8x8192,16x4096,"
         "32x1300,64x4096,128x2048",
-        help="with --regimes: BxC batches (B sequences, C context)",
+        help="with --regimes: BxC batches (B sequences, C context); BxC~ draws the B contexts "
+        "from grpo's length distribution with median C (lognormal, sigma 1, 256 to 16,384)",
     )
     parser.add_argument(
         "--verify-width", type=int, default=5, help="with --regimes: tokens a verified sequence"
@@ -169,6 +170,27 @@ def tiles_of(choice: str) -> str:
     return "bf16" if "bf16 tiles" in choice else "fp16 K"
 
 
+def point_contexts(point: str) -> list[int]:
+    """The contexts of a --points entry: "BxC", B sequences at C tokens; "BxC~", B contexts drawn
+    (seeded) from the grpo workload's lognormal lengths with median C, sigma 1, clipped to 256 ..
+    16,384: a batch whose longest pieces, not its total read, may set a launch's time."""
+    import math
+    import random
+
+    batch, _, context = point.partition("x")
+    mixed = context.endswith("~")
+    try:
+        b, c = int(batch), int(context.rstrip("~"))
+    except ValueError:
+        raise SystemExit(f"--points {point!r}: BxC or BxC~, e.g. 64x4096 or 48x2048~") from None
+    if b < 1 or c < 1:
+        raise SystemExit(f"--points {point!r}: B and C must be positive")
+    if not mixed:
+        return [c] * b
+    draw = random.Random(0)
+    return [min(16384, max(256, round(c * math.exp(draw.gauss(0.0, 1.0))))) for _ in range(b)]
+
+
 def sweep_regimes(args) -> list[dict]:
     """Per batch point and launch choice: microseconds per launch inside a CUDA graph."""
     import dataclasses
@@ -219,7 +241,8 @@ def sweep_regimes(args) -> list[dict]:
         }
     rows = []
     for point in args.points.split(","):
-        s, n = (int(x) for x in point.split("x"))
+        contexts = point_contexts(point)
+        s, n = len(contexts), max(contexts)
         pages = -(-n // bs)
         torch.manual_seed(0)
         k_cache = torch.randn(s * pages, bs, hkv, d, device="cuda", dtype=dtype)
@@ -228,18 +251,18 @@ def sweep_regimes(args) -> list[dict]:
             k_cache,
             torch.randn_like(k_cache),  # v_cache
             torch.randperm(s * pages, device="cuda").view(s, pages).int(),  # block tables
-            torch.full((s,), n, device="cuda", dtype=torch.int32),  # seq_lens
+            torch.tensor(contexts, device="cuda", dtype=torch.int32),  # seq_lens
             d**-0.5,
             max_context,
         )
-        kv_bytes = 2 * s * n * hkv * d * k_cache.element_size()
+        kv_bytes = 2 * sum(contexts) * hkv * d * k_cache.element_size()
         fp8_inputs = by_dim_inputs = fp8_kv_bytes = None
         if args.fp8_kv:
             k8, k_scale = quantize_kv(k_cache)
             v8, v_scale = quantize_kv(inputs[2])
             fp8_inputs = (inputs[0], k8, v_by_token(v8), *inputs[3:])
             by_dim_inputs = (inputs[0], k8, v8, *inputs[3:])
-            fp8_kv_bytes = kv_bytes // 2 + 2 * s * n * hkv * k_scale.element_size()
+            fp8_kv_bytes = kv_bytes // 2 + 2 * sum(contexts) * hkv * k_scale.element_size()
         line = []
         for name, tiles in choices.items():
             fp8 = args.fp8_kv and name.startswith("FP8")

@@ -238,24 +238,6 @@ def decode_tokens(batch: int, context: int, steps: int, per_step: int) -> int:
     return stagger + WARM_STEPS + 4 * steps + 12
 
 
-def _set_decode_tiles(pairs: list[str]) -> dict:
-    """Apply KEY=VALUE (ints) to the decode kernel's DecodeTiles before any graph captures it;
-    returns the fields in use."""
-    import dataclasses
-
-    from rollout.kernels import triton_decode_attention as decode
-
-    fields = {f.name for f in dataclasses.fields(decode.DecodeTiles)}
-    changes = {}
-    for pair in pairs:
-        key, _, value = pair.partition("=")
-        if key not in fields or not value.lstrip("-").isdigit():
-            raise SystemExit(f"--decode-tiles {pair!r}: KEY=INT with KEY one of {sorted(fields)}")
-        changes[key] = int(value)
-    decode.DECODE_TILES = dataclasses.replace(decode.DECODE_TILES, **changes)
-    return vars(decode.DECODE_TILES)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -290,6 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from benchmarks.bench_rollout import _engine_overrides
+    from benchmarks.lib.decode_tiles import set_decode_tiles
     from benchmarks.lib.report import commit_id
     from benchmarks.lib.workloads import SHAPES, build_model
     from rollout import EngineConfig, LLMEngine
@@ -324,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
             speculative_max_seqs=settings["max_num_seqs"],
         )
     settings.update(_engine_overrides(args.engine))
-    decode_tiles = _set_decode_tiles(args.decode_tiles) if device == "cuda" else None
+    decode_tiles = set_decode_tiles(args.decode_tiles) if device == "cuda" else None
     engine = LLMEngine.from_model(model, EngineConfig(**settings))
     # Plain decoding, but for the verification timings.
     engine.debug_internals().scheduler.speculation.max_drafts = 0

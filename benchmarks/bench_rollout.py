@@ -515,6 +515,14 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="what a bf16 model widens an FP8 KV cache's K tiles to (default: the engine's, fp16-k)",
     )
+    parser.add_argument(
+        "--decode-tiles",
+        action="append",
+        default=[],
+        metavar="KEY=INT",
+        help="a field of the decode attention's launch shape (DecodeTiles) for the engine runs, "
+        "e.g. fp8_full_batch_split_len=1024",
+    )
     parser.add_argument("--profile-steps", type=int, default=0, help="kernel profile of N steps")
     parser.add_argument("--deadline-s", type=float, default=0.0, help="stop each run after this")
     parser.add_argument("--json-out", default="")
@@ -528,6 +536,11 @@ def main(argv: list[str] | None = None) -> None:
         )
     args = parser.parse_args(argv)
     args.engine_overrides = _engine_overrides(args.engine)
+    args.decode_tiles_used = None
+    if args.decode_tiles:
+        from benchmarks.lib.decode_tiles import set_decode_tiles
+
+        args.decode_tiles_used = set_decode_tiles(args.decode_tiles)
     if args.fp8_kv_tiles:
         from rollout.kernels import triton_attention_tiles
 
@@ -688,6 +701,7 @@ def _write_report(args, name: str, workload, runs: list[dict]) -> dict:
         "commit": commit_id(),
         "torch": torch.__version__,
         "command": " ".join(sys.argv),
+        "decode_tiles": args.decode_tiles_used,
         "runs": runs,
     }
     if args.json_out:

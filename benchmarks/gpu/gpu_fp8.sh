@@ -17,6 +17,9 @@
 #            (about 9.5 minutes on one H200: a call of its own)
 #   grpo-fp8-kv-bf16  the same with the FP8 cache's K tiles widened to bf16, not fp16
 #   attn-kv  the decode attention kernel alone at a grpo run's batches, bf16 against FP8 KV
+#   attn-mixed  the same at batches of mixed contexts (grpo's lengths; MIXED_POINTS)
+#   grpo-pieces  grpo with FP8 weights and KV, the FP8 cache's full-batch pieces up to 2,048
+#            tokens (the default) then up to 1,024 (about 6 minutes on one H200)
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out), the rollout runs' plots to $PLOT_DIR (default
 # $OUT_DIR: point it elsewhere where only a few files can be brought back); ROLLOUT_COMMIT=<sha>
@@ -86,6 +89,17 @@ for part in "$@"; do
       --plot-out "$PLOT_DIR/grpo_qwen3-8b_fp8_kv_bf16.png" ;;
     attn-kv) LINES_SHOWN=16 run attention_regimes_fp8_kv 240 benchmarks/bench_attention.py \
       --regimes --fp8-kv --json-out "$OUT_DIR/attention_regimes_fp8_kv.json" ;;
+    attn-mixed) LINES_SHOWN=16 run attention_regimes_fp8_kv_mixed 240 benchmarks/bench_attention.py \
+      --regimes --fp8-kv --points ${MIXED_POINTS:-16x3000~,32x3000~,48x2048~,64x1500~,128x1200~} \
+      --json-out "$OUT_DIR/attention_regimes_fp8_kv_mixed.json" ;;
+    grpo-pieces)
+      for len in 2048 1024; do
+        run "grpo_qwen3-8b_fp8_kv_pieces$len" 200 benchmarks/bench_rollout.py --workload grpo \
+          --modes overlap --engine weight_quantization=fp8 --engine kv_cache_dtype=fp8 \
+          --decode-tiles fp8_full_batch_split_len=$len \
+          --json-out "$OUT_DIR/grpo_qwen3-8b_fp8_kv_pieces$len.json" \
+          --plot-out "$PLOT_DIR/grpo_qwen3-8b_fp8_kv_pieces$len.png"
+      done ;;
     tail) both grpo_tail 120 --workload grpo --prompts 2 --group-size 4 --length-max 4096 ;;
     moe) run moe_experts 90 benchmarks/bench_moe.py --tokens ${MOE_TOKENS:-1,8,32,128} \
       --json-out "$OUT_DIR/moe_experts.json" ;;

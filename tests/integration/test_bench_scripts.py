@@ -130,9 +130,10 @@ def test_bench_host_times_each_part_of_a_decode_step() -> None:
     assert all(t > 0 for t in times)
 
 
-def test_bench_decode_regimes_refuses_an_unknown_decode_tile_field() -> None:
-    with pytest.raises(SystemExit, match="KEY=INT"):
-        _script("bench_decode_regimes")._set_decode_tiles(["no_such_field=1"])
+def test_decode_tile_changes_refuse_an_unknown_field_before_any_work() -> None:
+    for argv in (["--decode-tiles", "no_such_field=1"], ["--decode-tiles", "split_len=big"]):
+        with pytest.raises(SystemExit, match="KEY=INT"):
+            _script("bench_rollout").main(["--workload", "grpo-smoke", *argv])
 
 
 @pytest.mark.slow
@@ -232,3 +233,15 @@ def test_bench_mismatch_with_fp8_separates_the_rounding_from_the_kernels() -> No
     assert runs["fp8_model_trainer"][0]["abs_dlogp_max"] < 1e-4
     assert runs["own_routing"][0]["abs_dlogp_mean"] > 1e-3
     assert runs["replayed_routes"][0]["abs_dlogp_mean"] > 1e-3
+
+
+def test_bench_attention_points_give_even_or_mixed_contexts() -> None:
+    contexts = _script("bench_attention").point_contexts
+    assert contexts("4x2048") == [2048] * 4
+    mixed = contexts("64x2048~")
+    assert len(mixed) == 64 and mixed == contexts("64x2048~")  # seeded: the same batch each run
+    assert min(mixed) >= 256 and max(mixed) <= 16384 and len(set(mixed)) > 32
+    assert sorted(mixed)[32] in range(1024, 4096)  # about its median
+    for bad in ("64", "x2048", "0x2048", "64x2k"):
+        with pytest.raises(SystemExit, match="--points"):
+            contexts(bad)
