@@ -17,6 +17,9 @@
 #            (about 9.5 minutes on one H200: a call of its own)
 #   grpo-fp8-kv-bf16  the same with the FP8 cache's K tiles widened to bf16, not fp16
 #   attn-kv  the decode attention kernel alone at a grpo run's batches, bf16 against FP8 KV
+#   regimes-kv  decode steps by kernel kind at grpo's batches (REGIME_POINTS), FP8 weights with a
+#            bf16 then an FP8 cache, at the points' own max_model_len then at grpo's (16,999
+#            tokens, 128 sequences: a grpo run's KV pool and decode grid; about 5 minutes)
 #   attn-mixed  the same at batches of mixed contexts (grpo's lengths; MIXED_POINTS)
 #   grpo-pieces  grpo with FP8 weights and KV, the FP8 cache's full-batch pieces up to 2,048
 #            tokens (the default) then up to 1,024 (about 6 minutes on one H200)
@@ -89,6 +92,18 @@ for part in "$@"; do
       --plot-out "$PLOT_DIR/grpo_qwen3-8b_fp8_kv_bf16.png" ;;
     attn-kv) LINES_SHOWN=16 run attention_regimes_fp8_kv 240 benchmarks/bench_attention.py \
       --regimes --fp8-kv --json-out "$OUT_DIR/attention_regimes_fp8_kv.json" ;;
+    regimes-kv)
+      for bound in points grpo; do
+        limits=()
+        [ "$bound" = grpo ] && limits=(--engine max_model_len=16999 --engine max_num_seqs=128)
+        for kv in auto fp8; do
+          LINES_SHOWN=12 run "decode_regimes_fp8_weights_kv${kv}_$bound" 150 \
+            benchmarks/bench_decode_regimes.py --steps 20 \
+            --points ${REGIME_POINTS:-128x700,80x2300,40x4300,64x4096} \
+            --engine weight_quantization=fp8 --engine kv_cache_dtype=$kv "${limits[@]}" \
+            --json-out "$OUT_DIR/decode_regimes_fp8_weights_kv${kv}_$bound.json"
+        done
+      done ;;
     attn-mixed) LINES_SHOWN=16 run attention_regimes_fp8_kv_mixed 240 benchmarks/bench_attention.py \
       --regimes --fp8-kv --points ${MIXED_POINTS:-16x3000~,32x3000~,48x2048~,64x1500~,128x1200~} \
       --json-out "$OUT_DIR/attention_regimes_fp8_kv_mixed.json" ;;

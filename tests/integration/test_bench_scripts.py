@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 from pathlib import Path
 
@@ -245,3 +246,27 @@ def test_bench_attention_points_give_even_or_mixed_contexts() -> None:
     for bad in ("64", "x2048", "0x2048", "64x2k"):
         with pytest.raises(SystemExit, match="--points"):
             contexts(bad)
+
+
+def test_compare_steps_lines_up_grpo_runs_step_by_step(tmp_path, capsys) -> None:
+    report = tmp_path / "a.json"
+    _script("bench_rollout").main(
+        ["--workload", "grpo-smoke", "--modes", "overlap", "--json-out", str(report)]
+    )
+    data = json.loads(report.read_text())
+    data["runs"][0]["step_ms"] = [2 * t for t in data["runs"][0]["step_ms"]]
+    twice = tmp_path / "b.json"
+    twice.write_text(json.dumps(data))
+    compare = _script("compare_steps")
+    rows = compare.compare([str(report), str(twice)], "overlap", [16, 8, 4, 2, 1])
+    assert rows and all(abs(r["ratio"][1] - 2.0) < 1e-9 for r in rows)
+    assert rows[0]["running"][0] == 16 and rows[-1]["running"][1] >= 1
+    steps = [r["steps"] for r in rows]
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(steps))  # windows follow each other
+    data["length_distribution"]["seed"] = 1
+    other = tmp_path / "c.json"
+    other.write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="another workload"):
+        compare.compare([str(report), str(other)], "overlap", [8])
+    compare.main([str(report), str(twice)])
+    assert "b / a" in capsys.readouterr().out
