@@ -20,6 +20,8 @@ launch beside an FP8 cache (e4m3, a scale per token and KV head, V laid out by t
 engine stores it) at the default and a few other launch choices, the FP8 cache's bytes counted
 for its bandwidth; "bf16 tiles" widens the keys to the query's bf16 rather than to fp16
 (`triton_attention_tiles.fp16_keys`); --v-by-dim adds V laid out by dim, as a bf16 cache's.
+--shared-prefix P makes each group of --group-size sequences read the same pages for their first
+P tokens, as the samples of a grpo prompt do (the reads are counted as read, shared or not).
 """
 
 from __future__ import annotations
@@ -56,6 +58,14 @@ def main() -> None:
         help="with --regimes: BxC batches (B sequences, C context); BxC~ draws the B contexts "
         "from grpo's length distribution with median C (lognormal, sigma 1, 256 to 16,384)",
     )
+    parser.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        help="with --regimes: the first this many tokens of each group of --group-size sequences "
+        "are the same pages, as a grpo group's prompt is",
+    )
+    parser.add_argument("--group-size", type=int, default=8, help="with --shared-prefix")
     parser.add_argument(
         "--verify-width", type=int, default=5, help="with --regimes: tokens a verified sequence"
     )
@@ -170,6 +180,19 @@ def tiles_of(choice: str) -> str:
     return "bf16" if "bf16 tiles" in choice else "fp16 K"
 
 
+def share_prefix(block_tables, pages: int, group: int):
+    """Block tables whose first `pages` entries are the same within each group of `group` rows
+    (the group's first row's), as the samples of one grpo prompt share its pages."""
+    import torch
+
+    if pages <= 0 or group <= 1:
+        return block_tables
+    first = torch.arange(block_tables.shape[0], device=block_tables.device) // group * group
+    shared = block_tables.clone()
+    shared[:, :pages] = block_tables[first, :pages]
+    return shared
+
+
 def point_contexts(point: str) -> list[int]:
     """The contexts of a --points entry: "BxC", B sequences at C tokens; "BxC~", B contexts drawn
     (seeded) from the grpo workload's lognormal lengths with median C, sigma 1, clipped to 256 ..
@@ -222,6 +245,7 @@ def sweep_regimes(args) -> list[dict]:
             "FP8, bf16 tiles, up to 1024 at a full batch": up_to_1024,
             "FP8, 2 stages": dataclasses.replace(base, num_stages=2),
             "FP8, 2 warps": dataclasses.replace(base, num_warps=2),
+            "FP8, 8 warps": dataclasses.replace(base, num_warps=8),
         }
         if args.v_by_dim:
             choices["FP8, V by dim"] = base
@@ -250,7 +274,11 @@ def sweep_regimes(args) -> list[dict]:
             torch.randn(s, args.heads, d, device="cuda", dtype=dtype),  # query
             k_cache,
             torch.randn_like(k_cache),  # v_cache
-            torch.randperm(s * pages, device="cuda").view(s, pages).int(),  # block tables
+            share_prefix(
+                torch.randperm(s * pages, device="cuda").view(s, pages).int(),
+                args.shared_prefix // bs,
+                args.group_size,
+            ),  # block tables
             torch.tensor(contexts, device="cuda", dtype=torch.int32),  # seq_lens
             d**-0.5,
             max_context,

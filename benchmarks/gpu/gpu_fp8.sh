@@ -20,6 +20,8 @@
 #   regimes-kv  decode steps by kernel kind at grpo's batches (REGIME_POINTS), FP8 weights with a
 #            bf16 then an FP8 cache, at the points' own max_model_len then at grpo's (16,999
 #            tokens, 128 sequences: a grpo run's KV pool and decode grid; about 5 minutes)
+#   attn-shared  the decode kernel alone at grpo's batches (SHARED_POINTS), each group of 8
+#            sequences reading its 600-token prompt's pages, then the same without sharing
 #   attn-mixed  the same at batches of mixed contexts (grpo's lengths; MIXED_POINTS)
 #   grpo-pieces  grpo with FP8 weights and KV, the FP8 cache's full-batch pieces up to 2,048
 #            tokens (the default) then up to 1,024 (about 6 minutes on one H200)
@@ -103,6 +105,13 @@ for part in "$@"; do
             --engine weight_quantization=fp8 --engine kv_cache_dtype=$kv "${limits[@]}" \
             --json-out "$OUT_DIR/decode_regimes_fp8_weights_kv${kv}_$bound.json"
         done
+      done ;;
+    attn-shared)
+      for prefix in 600 0; do
+        LINES_SHOWN=8 run "attention_regimes_fp8_kv_shared$prefix" 200 benchmarks/bench_attention.py \
+          --regimes --fp8-kv --shared-prefix $prefix --group-size 8 \
+          --points ${SHARED_POINTS:-128x700,96x1200,64x2300,40x4300} \
+          --json-out "$OUT_DIR/attention_regimes_fp8_kv_shared$prefix.json"
       done ;;
     attn-mixed) LINES_SHOWN=16 run attention_regimes_fp8_kv_mixed 240 benchmarks/bench_attention.py \
       --regimes --fp8-kv --points ${MIXED_POINTS:-16x3000~,32x3000~,48x2048~,64x1500~,128x1200~} \

@@ -270,3 +270,13 @@ def test_compare_steps_lines_up_grpo_runs_step_by_step(tmp_path, capsys) -> None
         compare.compare([str(report), str(other)], "overlap", [8])
     compare.main([str(report), str(twice)])
     assert "b / a" in capsys.readouterr().out
+
+
+def test_bench_attention_shares_a_groups_prefix_pages_only() -> None:
+    import torch
+
+    tables = torch.arange(24, dtype=torch.int32).view(4, 6)
+    shared = _script("bench_attention").share_prefix(tables, 2, 2)
+    assert shared[:, :2].tolist() == [[0, 1], [0, 1], [12, 13], [12, 13]]
+    assert torch.equal(shared[:, 2:], tables[:, 2:])  # past the prefix: each row its own pages
+    assert _script("bench_attention").share_prefix(tables, 0, 2) is tables
