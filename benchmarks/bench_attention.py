@@ -220,6 +220,7 @@ def sweep_regimes(args) -> list[dict]:
     import functools
 
     import torch
+    from triton.runtime.errors import OutOfResources
 
     from benchmarks.bench_gemm import time_in_graph
     from rollout.kernels import triton_decode_attention as decode
@@ -301,8 +302,12 @@ def sweep_regimes(args) -> list[dict]:
                 decode.decode_attention, *chosen, tiles,
                 kv_scales=(k_scale, v_scale) if fp8 else None,
             )  # fmt: skip
-            with fp8_kv_tiles(tiles_of(name)):
-                us = 1e3 * time_in_graph(lambda i, run=run: run(), copies=36)
+            try:
+                with fp8_kv_tiles(tiles_of(name)):
+                    us = 1e3 * time_in_graph(lambda i, run=run: run(), copies=36)
+            except OutOfResources as err:  # e.g. registers: not a candidate
+                line.append(f"{name} skipped ({err})")
+                continue
             read = fp8_kv_bytes if fp8 else kv_bytes
             rows.append({"point": point, "choice": name, "tiles": vars(tiles), "us": us,
                          "tb_per_s": read / us / 1e6})  # fmt: skip
