@@ -195,23 +195,22 @@ def share_prefix(block_tables, pages: int, group: int):
 
 def point_contexts(point: str) -> list[int]:
     """The contexts of a --points entry: "BxC", B sequences at C tokens; "BxC~", B contexts drawn
-    (seeded) from the grpo workload's lognormal lengths with median C, sigma 1, clipped to 256 ..
-    16,384: a batch whose longest pieces, not its total read, may set a launch's time."""
-    import math
-    import random
+    (seeded) as the grpo workload draws its lengths, with median C (`GrpoWorkload.sample_lengths`:
+    lognormal, sigma 1, 256 .. 16,384): a batch whose longest pieces, not its total read, may set
+    a launch's time."""
+    from benchmarks.lib.workloads import GrpoWorkload
 
     batch, _, context = point.partition("x")
-    mixed = context.endswith("~")
     try:
         b, c = int(batch), int(context.rstrip("~"))
     except ValueError:
         raise SystemExit(f"--points {point!r}: BxC or BxC~, e.g. 64x4096 or 48x2048~") from None
     if b < 1 or c < 1:
         raise SystemExit(f"--points {point!r}: B and C must be positive")
-    if not mixed:
+    if not context.endswith("~"):
         return [c] * b
-    draw = random.Random(0)
-    return [min(16384, max(256, round(c * math.exp(draw.gauss(0.0, 1.0))))) for _ in range(b)]
+    draw = GrpoWorkload("mixed", "qwen3-8b", num_prompts=b, group_size=1, length_median=c)
+    return draw.sample_lengths()
 
 
 def sweep_regimes(args) -> list[dict]:

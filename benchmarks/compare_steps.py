@@ -60,8 +60,8 @@ def windows(lengths: list[int], num_steps: int, running: list[int]) -> list[tupl
     """[first, end) step windows: a new one starts where the running samples drop under each of
     the `running` counts (the first step, the prefill's, is left out)."""
     cuts = {1, num_steps}
+    longer = sorted(lengths, reverse=True)
     for count in running:
-        longer = sorted(lengths, reverse=True)
         if 0 < count <= len(longer):
             cuts.add(min(num_steps, max(1, longer[count - 1])))  # last step with `count` running
     edges = sorted(cuts)
