@@ -19,7 +19,8 @@
 #   attn-kv  the decode attention kernel alone at a grpo run's batches, bf16 against FP8 KV
 #   regimes-kv  decode steps by kernel kind at grpo's batches (REGIME_POINTS), FP8 weights with a
 #            bf16 then an FP8 cache, at the points' own max_model_len then at grpo's (16,999
-#            tokens, 128 sequences: a grpo run's KV pool and decode grid; about 5 minutes)
+#            tokens, 128 sequences: a grpo run's KV pool and decode grid; about 5 minutes;
+#            REGIME_BOUNDS=grpo for the second half alone)
 #   attn-shared  the decode kernel alone at grpo's batches (SHARED_POINTS), each group of 8
 #            sequences reading its 600-token prompt's pages, then the same without sharing
 #   attn-mixed  the same at batches of mixed contexts (grpo's lengths; MIXED_POINTS)
@@ -95,7 +96,7 @@ for part in "$@"; do
     attn-kv) LINES_SHOWN=16 run attention_regimes_fp8_kv 240 benchmarks/bench_attention.py \
       --regimes --fp8-kv --json-out "$OUT_DIR/attention_regimes_fp8_kv.json" ;;
     regimes-kv)
-      for bound in points grpo; do
+      for bound in ${REGIME_BOUNDS:-points grpo}; do
         limits=()
         [ "$bound" = grpo ] && limits=(--engine max_model_len=16999 --engine max_num_seqs=128)
         for kv in auto fp8; do
