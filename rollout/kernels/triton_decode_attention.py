@@ -322,8 +322,10 @@ def decode_attention(
         ROWS_PAD=max(16, triton.next_power_of_2(rows)), MERGE_ROWS=merge_rows,
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
         BLOCK_N=tiles.block_n, SPLIT_LEN=split_len,
-        # [rows, pieces, head_dim] fp32 per merge load: at most 64 (row, piece) pairs of it.
-        MERGE_CHUNK=max(1, min(16, 64 // merge_rows, triton.next_power_of_2(num_splits))),
+        # [rows, pieces, head_dim] fp32 per merge load: at most 32 (row, piece) pairs of it. The
+        # merge shares the kernel's register budget with the tile loop, and 64 pairs took an FP8
+        # launch to a register count that fits one program fewer per SM.
+        MERGE_CHUNK=max(1, min(16, 32 // merge_rows, triton.next_power_of_2(num_splits))),
         DOT_PRECISION=dot_precision(query), HAS_WINDOW=window is not None,
         HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
         V_BY_TOKEN=by_token, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
