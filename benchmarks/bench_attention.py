@@ -246,6 +246,7 @@ def sweep_regimes(args) -> list[dict]:
             "FP8, 2 stages": dataclasses.replace(base, num_stages=2),
             "FP8, 2 warps": dataclasses.replace(base, num_warps=2),
             "FP8, 8 warps": dataclasses.replace(base, num_warps=8),
+            "FP8, merge loads of 64 pairs": dataclasses.replace(base, merge_pairs=64),
         }
         if args.v_by_dim:
             choices["FP8, V by dim"] = base

@@ -18,5 +18,8 @@ def set_decode_tiles(pairs: list[str]) -> dict:
         if key not in fields or not value.lstrip("-").isdigit():
             raise SystemExit(f"--decode-tiles {pair!r}: KEY=INT with KEY one of {sorted(fields)}")
         changes[key] = int(value)
-    decode.DECODE_TILES = dataclasses.replace(decode.DECODE_TILES, **changes)
+    try:
+        decode.DECODE_TILES = dataclasses.replace(decode.DECODE_TILES, **changes)
+    except ValueError as err:
+        raise SystemExit(f"--decode-tiles: {err}") from None
     return vars(decode.DECODE_TILES)

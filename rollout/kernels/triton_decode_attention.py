@@ -50,7 +50,8 @@ class DecodeTiles:
     `bench_attention.py --regimes` from one sequence to 128 (more programs cut long contexts
     into more pieces than the merge can afford); once the batch alone fills the target, pieces
     of up to 1,024 tokens won there from 32 sequences up (and lost where a piece is wanted
-    anyway: 4-16 long sequences). See docs/performance.md, 'Decode attention alone'."""
+    anyway: 4-16 long sequences). See docs/performance.md, 'Decode attention alone' (and 'FP8 KV:
+    the merge's registers' for `merge_pairs`)."""
 
     split_len: int = 512  # the longest piece while a launch wants several a sequence
     block_n: int = 128  # tokens per inner iteration, also the shortest piece
@@ -59,6 +60,16 @@ class DecodeTiles:
     target_programs: int = 256  # programs a launch aims at; 0: every piece is split_len long
     full_batch_split_len: int = 1024  # the longest piece once a launch has one piece a sequence
     fp8_full_batch_split_len: int = 2048  # the same over an FP8 cache (half the bytes a token)
+    # (row, piece) pairs one merge load holds ([rows, pieces, head_dim] fp32). The merge shares
+    # the kernel's registers with the tile loop: 64 took an FP8 launch to a register count that
+    # fits one program fewer per SM.
+    merge_pairs: int = 32
+
+    def __post_init__(self) -> None:
+        if self.merge_pairs < 1 or self.merge_pairs & (self.merge_pairs - 1):
+            raise ValueError(
+                f"DecodeTiles.merge_pairs must be a power of two; got {self.merge_pairs}"
+            )
 
     def splits_per_sequence(self, num_seqs: int, num_kv_heads: int) -> int:
         """How many pieces each (sequence, KV head) aims at for a batch of `num_seqs`."""
@@ -322,10 +333,9 @@ def decode_attention(
         ROWS_PAD=max(16, triton.next_power_of_2(rows)), MERGE_ROWS=merge_rows,
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
         BLOCK_N=tiles.block_n, SPLIT_LEN=split_len,
-        # [rows, pieces, head_dim] fp32 per merge load: at most 32 (row, piece) pairs of it. The
-        # merge shares the kernel's register budget with the tile loop, and 64 pairs took an FP8
-        # launch to a register count that fits one program fewer per SM.
-        MERGE_CHUNK=max(1, min(16, 32 // merge_rows, triton.next_power_of_2(num_splits))),
+        MERGE_CHUNK=max(
+            1, min(16, tiles.merge_pairs // merge_rows, triton.next_power_of_2(num_splits))
+        ),
         DOT_PRECISION=dot_precision(query), HAS_WINDOW=window is not None,
         HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
         V_BY_TOKEN=by_token, num_warps=tiles.num_warps, num_stages=tiles.num_stages,

@@ -135,6 +135,10 @@ def test_decode_tile_changes_refuse_an_unknown_field_before_any_work() -> None:
     for argv in (["--decode-tiles", "no_such_field=1"], ["--decode-tiles", "split_len=big"]):
         with pytest.raises(SystemExit, match="KEY=INT"):
             _script("bench_rollout").main(["--workload", "grpo-smoke", *argv])
+    with pytest.raises(SystemExit, match="merge_pairs must be a power of two"):
+        _script("bench_rollout").main(
+            ["--workload", "grpo-smoke", "--decode-tiles", "merge_pairs=48"]
+        )
 
 
 @pytest.mark.slow

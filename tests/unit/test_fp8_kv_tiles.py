@@ -30,6 +30,15 @@ def test_an_unknown_choice_is_refused(monkeypatch, choice) -> None:
         triton_attention_tiles.fp16_keys(torch.zeros(1, dtype=torch.bfloat16), True)
 
 
+def test_merge_loads_hold_a_power_of_two_of_pairs() -> None:
+    from rollout.kernels.triton_decode_attention import DecodeTiles
+
+    assert DECODE_TILES.merge_pairs == 32
+    for pairs in (0, 48):
+        with pytest.raises(ValueError, match="merge_pairs must be a power of two"):
+            DecodeTiles(merge_pairs=pairs)
+
+
 def test_an_fp8_cache_takes_longer_pieces_only_at_a_full_batch() -> None:
     full = DECODE_TILES.splits_per_sequence(128, 8)
     assert full == 1
