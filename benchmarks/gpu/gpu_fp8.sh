@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # FP8 weights on one GPU, each part under its own time limit:
 #   tests    the GPU tests (all of tests/gpu, or GPU_TESTS): over 10 minutes on one H200, so
-#            tests1 (engine, FP8, attention kernels) and tests2 (the rest) fit one call each
+#            tests1 (engine, FP8, attention kernels) and tests2 (the rest) fit one call each;
+#            with pytest-xdist, PYTEST_WORKERS=6 runs all of them in about 4 minutes
 #   gemm     the decode GEMMs of the Qwen3-8B shape: cuBLAS bf16, Triton bf16, Triton FP8
 #   gemm-sweep  the FP8 GEMM's tile choices, tail to crowded steps (SWEEP_ROWS: 8 16 32 64 128)
 #   gemm-scaled the decode GEMMs with torch._scaled_mm beside them (GEMM_ROWS: 16 32 64 128)
@@ -63,6 +64,7 @@ for part in "$@"; do
       [ "$part" = tests2 ] && groups=(tests/gpu/test_linear_gpu.py tests/gpu/test_moe_gpu.py
         tests/gpu/test_sampler_gpu.py tests/gpu/test_train_gpu.py)
       timeout ${PYTEST_TIMEOUT:-540} python3 -m pytest -m gpu -q -p no:cacheprovider --durations=10 \
+        ${PYTEST_WORKERS:+-n $PYTEST_WORKERS} \
         ${GPU_TESTS:-${groups[@]}} 2>&1 | tee "$OUT_DIR/pytest_$part.log" | tail -25 ;;
     gemm)
       for m in ${GEMM_ROWS:-8 32}; do
