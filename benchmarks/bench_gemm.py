@@ -7,6 +7,7 @@ the bf16 weight and over its FP8 form (e4m3, a scale per output row).
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 64 --fp8-sweep  # FP8 tile choices only
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 8 --l2-prefetch 10  # FP8 weights in L2
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 64 --scaled-mm  # the library's FP8 GEMM
+    python benchmarks/bench_gemm.py --shapes qwen3-8b --m 64 --w8a8  # FP8 activations too (lib/w8a8_gemm.py)
 
 The FP8 kernel is timed twice: widening e4m3 through `triton_fp8_widen`'s integer path (the
 engine's) and through Triton's own cast (`..._cast`), whose outputs must agree bit for bit.
@@ -116,19 +117,22 @@ def _scaled_mm_call(x, fp8):
     what a vendor FP8 GEMM costs at these rows)."""
     import torch
 
-    from rollout.kernels.torch_fp8 import FP8_DTYPE
+    from benchmarks.lib.w8a8_gemm import fp8_rows
 
-    x_scale = (x.float().abs().amax(1, keepdim=True) / 448).clamp_min(1e-12)
-    x8 = (x.float() / x_scale).to(FP8_DTYPE)
+    x8, x_scale = fp8_rows(x)
+    x_scale = x_scale.view(-1, 1)
     scales = [s.view(1, -1) for _, s in fp8]
     return lambda i: torch._scaled_mm(
         x8, fp8[i][0].t(), x_scale, scales[i], out_dtype=torch.bfloat16
     )
 
 
-def measure_shape(name: str, n: int, k: int, m: int, sweep: str, scaled_mm: bool = False) -> dict:
+def measure_shape(
+    name: str, n: int, k: int, m: int, sweep: str, scaled_mm: bool = False, w8a8: bool = False
+) -> dict:
     """One projection's timings; `sweep`: "" (the engine's tiles only), "all" (every tile choice
-    of both kernels) or "fp8" (FP8_ROWS_SWEEP); `scaled_mm`: torch._scaled_mm too."""
+    of both kernels) or "fp8" (FP8_ROWS_SWEEP); `scaled_mm`: torch._scaled_mm too; `w8a8`: the
+    best of the W8A8 experiment's tile choices (benchmarks/lib/w8a8_gemm.py)."""
     import torch
 
     from rollout.kernels import triton_linear
@@ -179,6 +183,8 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: str, scaled_mm: bool
                 continue
         row[f"{label}_ms"] = ms
         row[f"{label}_tb_per_s"] = nbytes / ms / 1e9
+    if w8a8:
+        row.update(_measure_w8a8(x, fp8, want, copies))
     if sweep:
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         sweeps = [
@@ -202,6 +208,39 @@ def measure_shape(name: str, n: int, k: int, m: int, sweep: str, scaled_mm: bool
             row[f"{key}_best_unsplit"] = {"tiles": list(unsplit), "ms": timed[unsplit]}
             row[f"{key}_all"] = [[*t, round(ms * 1e3, 2)] for t, ms in sorted(timed.items())]
     return row
+
+
+def _measure_w8a8(x, fp8, want, copies: int) -> dict:
+    """The W8A8 experiment at every tile choice whose row block suits x's rows: the best time,
+    its tiles, its error against its fp32 twin (the kernel) and against bf16 (the activations'
+    rounding as well)."""
+    import triton
+
+    from benchmarks.lib.w8a8_gemm import W8A8_CHOICES, fp8_rows, w8a8_matmul, w8a8_twin
+
+    m = x.shape[0]
+    x8, x_scale = fp8_rows(x)
+    widest = max(32, triton.next_power_of_2(m))
+    timed = {}
+    for tiles in W8A8_CHOICES:
+        if tiles.block_m > widest or (tiles.block_m < min(64, widest)):
+            continue  # row blocks of 64 (one warpgroup's MMA), or all rows when they fit less
+        try:
+            timed[tiles] = time_in_graph(
+                lambda i, t=tiles: w8a8_matmul(x8, x_scale, fp8[i][0], fp8[i][1], t), copies
+            )
+        except Exception:  # noqa: BLE001 - e.g. out of shared memory: not a candidate
+            continue
+    best = min(timed, key=timed.get)
+    got = w8a8_matmul(x8, x_scale, fp8[0][0], fp8[0][1], best).float()
+    twin = w8a8_twin(x8, x_scale, *fp8[0])
+    return {
+        "w8a8_ms": timed[best],
+        "w8a8_tiles": vars(best),
+        "w8a8_error_to_twin": ((got - twin).norm() / twin.norm()).item(),
+        "w8a8_rel_error": ((got - want).norm() / want.norm()).item(),
+        "w8a8_all": [[*vars(t).values(), round(ms * 1e3, 2)] for t, ms in timed.items()],
+    }
 
 
 def _prefetch_kernel():
@@ -290,6 +329,12 @@ def main() -> None:
         action="store_true",
         help="time torch._scaled_mm too (FP8 weights and activations, a scale per row of each)",
     )
+    parser.add_argument(
+        "--w8a8",
+        action="store_true",
+        help="time the W8A8 experiment too (FP8 activations, a scale per row, on the tensor "
+        "cores' FP8 MMA; the best of its tile choices)",
+    )
     parser.add_argument("--shapes", choices=sorted(SHAPES), default="w1")
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
@@ -321,7 +366,7 @@ def main() -> None:
             continue  # the engine keeps the LM head in bf16: no FP8 tiles to choose
         row = measure_shape(
             name, n, k, args.m, "all" if args.sweep else "fp8" if args.fp8_sweep else "",
-            args.scaled_mm,
+            args.scaled_mm, args.w8a8,
         )  # fmt: skip
         rows.append(row)
         line = (
@@ -337,6 +382,11 @@ def main() -> None:
             line += f" | torch._scaled_mm {row['scaled_mm_ms'] * 1e3:.1f} us"
         elif "scaled_mm_error" in row:
             line += f" | torch._scaled_mm refused: {row['scaled_mm_error'][:80]}"
+        if "w8a8_ms" in row:
+            line += (
+                f" | W8A8 {row['w8a8_ms'] * 1e3:.1f} us (rel err {row['w8a8_rel_error']:.1e},"
+                f" to its twin {row['w8a8_error_to_twin']:.1e})"
+            )
         if "sweep_best" in row:
             best = row["sweep_best"]
             line += f" | best tiles {best['tiles']} {best['ms'] * 1e3:.1f} us"

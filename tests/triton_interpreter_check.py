@@ -93,14 +93,16 @@ def check_decode() -> float:
             assert torch.all(got[5] == 0), "a padded row must come out as zeros"
             worst = max(worst, _error(got[live], want[live]))
     # More pieces than one merge chunk: 71 of 64 tokens (a small batch cuts short pieces), and
-    # 18 of 256 with the pieces' length fixed (target_programs=0), merged 16 at a time.
+    # 18 of 256 with the pieces' length fixed (target_programs=0), merged 8 at a time (4 rows,
+    # 32 pairs a load), then one at a time.
     case = make_case([4500, 10], [1, 1], 1, 4, 64, 16, torch.float32, "cpu", seed=7)
     want = _reference(case)
-    for target in (1024, 0):
+    for target, pairs in ((1024, 32), (0, 32), (1024, 4)):
         got = kernels.decode_attention(
             case["query"], case["k_cache"], case["v_cache"], case["block_tables"],
             case["seq_lens"], case["scale"], 8192,
-            kernels.DecodeTiles(split_len=256, block_n=64, target_programs=target),
+            kernels.DecodeTiles(split_len=256, block_n=64, target_programs=target,
+                                merge_pairs=pairs),
         )  # fmt: skip
         worst = max(worst, _error(got, want))
     # A batch that fills the target alone (one piece wanted a sequence): pieces up to
@@ -414,6 +416,26 @@ def check_sampler() -> float:
     return (logprobs - want_logprobs).abs().max().item()
 
 
+def check_w8a8_experiment() -> float:
+    """benchmarks/lib/w8a8_gemm.py (an experiment bench_gemm.py times) against its fp32 twin:
+    ragged rows, columns and K, whole and split over K. The kernel writes bf16, so what is
+    returned is the error beyond one bf16 step (2^-7 relative) of the twin."""
+    from benchmarks.lib.w8a8_gemm import W8A8Tiles, fp8_rows, w8a8_matmul, w8a8_twin
+
+    worst = 0.0
+    torch.manual_seed(11)
+    for m, n, k, tiles in [
+        (5, 40, 200, W8A8Tiles(16, 32, 1, 2, block_k=64)),
+        (20, 48, 300, W8A8Tiles(16, 16, 3, 2, block_k=32)),
+    ]:
+        x8, x_scale = fp8_rows(torch.randn(m, k))
+        w8, w_scale = fp8_rows(torch.randn(n, k) * 0.02)
+        got = w8a8_matmul(x8, x_scale, w8, w_scale, tiles).float()
+        want = w8a8_twin(x8, x_scale, w8, w_scale)
+        worst = max(worst, ((got - want).abs() - want.abs() * 2**-7).clamp_min(0).max().item())
+    return worst
+
+
 if __name__ == "__main__":
     failed = False
     for name, check in [
@@ -429,6 +451,7 @@ if __name__ == "__main__":
         ("counting sort of the experts' pairs", check_counting_sort),
         ("softmax top-k routing", check_top_k_routing),
         ("one-pass sampler", check_sampler),
+        ("W8A8 GEMM (a benchmark's experiment)", check_w8a8_experiment),
     ]:
         error = check()
         print(f"{name}: max |triton - twin| = {error:.3g}")
