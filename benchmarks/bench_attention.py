@@ -237,8 +237,8 @@ def sweep_regimes(args) -> list[dict]:
         choices = {
             "bf16 KV": base,
             # the engine's FP8 read: K widened to fp16 (one conversion instruction per two
-            # values), V laid out by token and widened to bf16 (integer instructions), pieces
-            # up to 2,048 at a full batch
+            # values), V laid out by token and widened to bf16 (integer instructions), the keys
+            # on the MMA's wide side, pieces up to 2,048 at a full batch
             "FP8 KV": base,
             "FP8, up to 1024 at a full batch": up_to_1024,
             "FP8, bf16 tiles": base,
@@ -247,6 +247,8 @@ def sweep_regimes(args) -> list[dict]:
             "FP8, 2 warps": dataclasses.replace(base, num_warps=2),
             "FP8, 8 warps": dataclasses.replace(base, num_warps=8),
             "FP8, merge loads of 64 pairs": dataclasses.replace(base, merge_pairs=64),
+            # the query rows on the MMA's wide side (padded to 16), as a bf16 cache's tiles
+            "FP8, query rows wide": dataclasses.replace(base, fp8_keys_wide=False),
         }
         if args.v_by_dim:
             choices["FP8, V by dim"] = base

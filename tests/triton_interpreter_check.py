@@ -234,12 +234,13 @@ def check_fp8_kv() -> float:
             )
         )
         fp8 = dict(variant, kv_scales=decode["kv_scales"])
-        got = kernels.decode_attention(
-            decode["query"], decode["k_cache"], decode["v_cache"], decode["block_tables"],
-            decode["seq_lens"], decode["scale"], 1024,
-            kernels.DecodeTiles(split_len=256, block_n=64), **fp8,
-        )  # fmt: skip
-        worst = max(worst, _error(got, _reference(decode, **fp8)))
+        for keys_wide in (True, False):  # the engine's orientation, and the query rows wide
+            got = kernels.decode_attention(
+                decode["query"], decode["k_cache"], decode["v_cache"], decode["block_tables"],
+                decode["seq_lens"], decode["scale"], 1024,
+                kernels.DecodeTiles(split_len=256, block_n=64, fp8_keys_wide=keys_wide), **fp8,
+            )  # fmt: skip
+            worst = max(worst, _error(got, _reference(decode, **fp8)))
         fp8 = dict(variant, kv_scales=extend["kv_scales"])
         got = kernels.extend_attention(
             extend["query"], extend["k_cache"], extend["v_cache"], extend["block_tables"],
@@ -247,6 +248,20 @@ def check_fp8_kv() -> float:
             extend["q_block_start"], extend["scale"], **fp8,
         )  # fmt: skip
         worst = max(worst, _error(got, _reference(extend, **fp8)))
+    # The decode kernel's variants and verification steps (3 query tokens a sequence, causal
+    # among them) over an FP8 cache, a group of 4 and of 3 (rows padded to the MMA's side).
+    for group, query_len in ((4, 1), (3, 1), (4, 3)):
+        lens = [5, 17, 600, 1000, 130]
+        case = with_fp8_cache(make_case(lens, [query_len] * len(lens), 2, group, 64, 16,
+                                        torch.float32, "cpu", seed=group + query_len))  # fmt: skip
+        for variant in [{}, *_variants(2 * group)]:
+            fp8 = dict(variant, kv_scales=case["kv_scales"])
+            got = kernels.decode_attention(
+                case["query"], case["k_cache"], case["v_cache"], case["block_tables"],
+                case["seq_lens"], case["scale"], 1024,
+                kernels.DecodeTiles(split_len=256, block_n=64), query_len=query_len, **fp8,
+            )  # fmt: skip
+            worst = max(worst, _error(got, _reference(case, **fp8)))
     return worst
 
 

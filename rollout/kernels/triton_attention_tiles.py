@@ -150,6 +150,14 @@ def scale_scores(qk, k_scale, q_back, FP8_KV: tl.constexpr, K_F16: tl.constexpr)
 
 
 @triton.jit
+def scale_scores_keys_wide(qk_t, k_scale, q_back, K_F16: tl.constexpr):
+    """`scale_scores` of an FP8 tile for scores laid out [tile, rows] (`fold_tile_keys_wide`)."""
+    if K_F16:
+        qk_t = qk_t * q_back[None, :]
+    return qk_t * k_scale[:, None]
+
+
+@triton.jit
 def pow2_scale(amax):
     """`torch_fp8.pow2_scales` and its exact inverse, from amax's bits: the smallest power of
     two s with amax / s <= 448 (1 where amax is 0)."""
@@ -217,6 +225,25 @@ def fold_tile(
         weights = p * v_scale[None, :]
     acc = acc * alpha[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, denom, acc
+
+
+@triton.jit
+def fold_tile_keys_wide(qk_t, v, v_scale, m, denom, acc_t, DOT_PRECISION: tl.constexpr):
+    """`fold_tile` for an FP8 tile with the tile's tokens on the MMA's wide side: scores `qk_t`
+    [tile, rows] (K times the query's transpose), output `acc_t` [BLOCK_D, rows] (V's transpose
+    times the weights). The MMA's narrow side is at least 8 wide (16 on its other side), so a
+    KV head's few query rows (4 for 32 heads over 8) fill half of it, not a quarter, and the
+    softmax works on [tile, rows] instead of [16, tile]. Same sums as `fold_tile`."""
+    m_new = tl.maximum(m, tl.max(qk_t, 0))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(qk_t - m_safe[None, :])
+    alpha = tl.exp(m - m_safe)
+    denom = denom * alpha + tl.sum(p, 0)
+    weights = p * v_scale[:, None]
+    acc_t = acc_t * alpha[None, :] + tl.dot(
+        tl.trans(v), weights.to(v.dtype), input_precision=DOT_PRECISION
+    )
+    return m_new, denom, acc_t
 
 
 @triton.jit

@@ -32,12 +32,14 @@ from rollout.kernels.triton_attention_tiles import (
     add_sinks,
     dot_precision,
     fold_tile,
+    fold_tile_keys_wide,
     fp16_keys,
     kv_scale_args,
     load_kv_tile,
     query_for_tiles,
     reads_v_by_token,
     scale_scores,
+    scale_scores_keys_wide,
     soft_cap,
 )
 from rollout.kernels.triton_fp8_widen import fast_widen
@@ -64,6 +66,9 @@ class DecodeTiles:
     # the kernel's registers with the tile loop: 64 took an FP8 launch to a register count that
     # fits one program fewer per SM.
     merge_pairs: int = 32
+    # An FP8 cache's tiles with the keys on the MMA's wide side (`fold_tile_keys_wide`); 0 puts
+    # the query rows there, padded to 16, as a bf16 cache's tiles do.
+    fp8_keys_wide: bool = True
 
     def __post_init__(self) -> None:
         if self.merge_pairs < 1 or self.merge_pairs & (self.merge_pairs - 1):
@@ -103,7 +108,7 @@ def _decode_kernel(
     BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_LEN: tl.constexpr,
     MERGE_CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-    V_BY_TOKEN: tl.constexpr,
+    V_BY_TOKEN: tl.constexpr, KEYS_WIDE: tl.constexpr,
 ):  # fmt: skip
     s = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -151,27 +156,54 @@ def _decode_kernel(
     q, q_back = query_for_tiles(q, K_F16)
     m = tl.full([ROWS_PAD], float("-inf"), tl.float32)
     denom = tl.zeros([ROWS_PAD], tl.float32)
-    acc = tl.zeros([ROWS_PAD, BLOCK_D], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        offs = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs < end
-        k, v, k_scale, v_scale = load_kv_tile(
-            k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs, n_mask, d, d_mask,
-            kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
-            k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV, FAST_WIDEN,
-            K_F16, V_BY_TOKEN, HEAD_DIM,
-        )  # fmt: skip
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [ROWS_PAD, BLOCK_N]
-        qk = scale_scores(qk, k_scale, q_back, FP8_KV, K_F16)
-        if HAS_SOFTCAP:
-            qk = soft_cap(qk, softcap)
-        visible = n_mask[None, :]
-        if QUERY_LEN > 1:  # causal among the step's own tokens
-            visible &= offs[None, :] <= q_pos[:, None]
-        if HAS_WINDOW:
-            visible &= offs[None, :] > q_pos[:, None] - window
-        qk = tl.where(visible, qk, float("-inf"))
-        m, denom, acc = fold_tile(qk, v, v_scale, m, denom, acc, DOT_PRECISION, FP8_KV)
+    if KEYS_WIDE:  # an FP8 cache: scores [BLOCK_N, ROWS_PAD], output [BLOCK_D, ROWS_PAD]
+        q_t = tl.trans(q)
+        acc_t = tl.zeros([BLOCK_D, ROWS_PAD], tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            offs = n0 + tl.arange(0, BLOCK_N)
+            n_mask = offs < end
+            k, v, k_scale, v_scale = load_kv_tile(
+                k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs, n_mask, d,
+                d_mask, kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
+                k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV,
+                FAST_WIDEN, K_F16, V_BY_TOKEN, HEAD_DIM,
+            )  # fmt: skip
+            qk = tl.dot(k, q_t, input_precision=DOT_PRECISION) * scale
+            qk = scale_scores_keys_wide(qk, k_scale, q_back, K_F16)
+            if HAS_SOFTCAP:
+                qk = soft_cap(qk, softcap)
+            visible = n_mask[:, None]
+            if QUERY_LEN > 1:
+                visible &= offs[:, None] <= q_pos[None, :]
+            if HAS_WINDOW:
+                visible &= offs[:, None] > q_pos[None, :] - window
+            qk = tl.where(visible, qk, float("-inf"))
+            m, denom, acc_t = fold_tile_keys_wide(
+                qk, v, v_scale, m, denom, acc_t, DOT_PRECISION
+            )  # fmt: skip
+        acc = tl.trans(acc_t)  # once a program, not a tile
+    else:
+        acc = tl.zeros([ROWS_PAD, BLOCK_D], tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            offs = n0 + tl.arange(0, BLOCK_N)
+            n_mask = offs < end
+            k, v, k_scale, v_scale = load_kv_tile(
+                k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs, n_mask, d,
+                d_mask, kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
+                k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV,
+                FAST_WIDEN, K_F16, V_BY_TOKEN, HEAD_DIM,
+            )  # fmt: skip
+            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
+            qk = scale_scores(qk, k_scale, q_back, FP8_KV, K_F16)  # [ROWS_PAD, BLOCK_N]
+            if HAS_SOFTCAP:
+                qk = soft_cap(qk, softcap)
+            visible = n_mask[None, :]
+            if QUERY_LEN > 1:  # causal among the step's own tokens
+                visible &= offs[None, :] <= q_pos[:, None]
+            if HAS_WINDOW:
+                visible &= offs[None, :] > q_pos[:, None] - window
+            qk = tl.where(visible, qk, float("-inf"))
+            m, denom, acc = fold_tile(qk, v, v_scale, m, denom, acc, DOT_PRECISION, FP8_KV)
     if num_active == 1:  # the whole visible context fit one piece: no partials, no merge
         if HAS_SINKS:
             sink = tl.load(sinks_ptr + heads, mask=row_mask, other=0.0).to(tl.float32)
@@ -314,6 +346,7 @@ def decode_attention(
     rows = group * query_len
     merge_rows = max(2, triton.next_power_of_2(rows))
     k_f16 = fp16_keys(query, kv_scales is not None)
+    keys_wide = kv_scales is not None and bool(tiles.fp8_keys_wide)
     by_token = reads_v_by_token(k_cache, v_cache, kv_scales is not None)
     if by_token and tiles.block_n < k_cache.shape[1]:
         raise ValueError(
@@ -330,7 +363,9 @@ def decode_attention(
         FAST_WIDEN=kv_scales is not None and fast_widen(query.dtype, query.device),
         K_F16=k_f16,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, QUERY_LEN=query_len,
-        ROWS_PAD=max(16, triton.next_power_of_2(rows)), MERGE_ROWS=merge_rows,
+        # the rows fill the MMA's narrow side (at least 8) with the keys wide, its 16-row side
+        # otherwise; padded rows are masked and never stored
+        ROWS_PAD=max(4 if keys_wide else 16, triton.next_power_of_2(rows)), MERGE_ROWS=merge_rows,
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
         BLOCK_N=tiles.block_n, SPLIT_LEN=split_len,
         MERGE_CHUNK=max(
@@ -338,6 +373,7 @@ def decode_attention(
         ),
         DOT_PRECISION=dot_precision(query), HAS_WINDOW=window is not None,
         HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
-        V_BY_TOKEN=by_token, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        V_BY_TOKEN=by_token, KEYS_WIDE=keys_wide,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return out

@@ -364,8 +364,14 @@ def test_fp8_kernels_give_the_same_bits_widening_either_way() -> None:
 
 @pytest.mark.parametrize(
     "tiles",
-    [{}, dict(num_warps=2), dict(num_warps=8, num_stages=2), dict(fp8_full_batch_split_len=1024)],
-    ids=["default", "2w", "8w", "1024"],
+    [
+        {},
+        dict(num_warps=2),
+        dict(num_warps=8, num_stages=2),
+        dict(fp8_full_batch_split_len=1024),
+        dict(fp8_keys_wide=False),
+    ],
+    ids=["default", "2w", "8w", "1024", "rows-wide"],
 )
 @pytest.mark.parametrize("choice", ["fp16 K", "bf16"])
 def test_an_fp8_cache_is_read_within_bf16s_rounding(choice: str, tiles) -> None:

@@ -39,6 +39,10 @@ def test_merge_loads_hold_a_power_of_two_of_pairs() -> None:
             DecodeTiles(merge_pairs=pairs)
 
 
+def test_an_fp8_cache_puts_the_keys_on_the_mmas_wide_side_by_default() -> None:
+    assert DECODE_TILES.fp8_keys_wide is True
+
+
 def test_an_fp8_cache_takes_longer_pieces_only_at_a_full_batch() -> None:
     full = DECODE_TILES.splits_per_sequence(128, 8)
     assert full == 1
