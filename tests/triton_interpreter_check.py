@@ -262,6 +262,17 @@ def check_fp8_kv() -> float:
                 kernels.DecodeTiles(split_len=256, block_n=64), query_len=query_len, **fp8,
             )  # fmt: skip
             worst = max(worst, _error(got, _reference(case, **fp8)))
+    # The engine's tiles at head_dim 128 (the compile for the GPU sees the launches it makes):
+    # groups of 4 and 8, and 4 with the 3 query tokens of a short prompt or a verification.
+    for group, query_len in ((4, 1), (8, 1), (4, 3)):
+        case = with_fp8_cache(make_case([5, 130], [query_len] * 2, 1, group, 128, 16,
+                                        torch.float32, "cpu", seed=group))  # fmt: skip
+        got = kernels.decode_attention(
+            case["query"], case["k_cache"], case["v_cache"], case["block_tables"],
+            case["seq_lens"], case["scale"], 1024, query_len=query_len,
+            kv_scales=case["kv_scales"],
+        )  # fmt: skip
+        worst = max(worst, _error(got, _reference(case, kv_scales=case["kv_scales"])))
     return worst
 
 

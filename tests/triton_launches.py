@@ -51,12 +51,16 @@ def record_launches(path: str) -> None:
         values = {}
         for name, param in params.items():
             value = bound.get(name, param.default)
+            # What a GPU launch specializes on besides types: pointers at 16-byte multiples and
+            # integers divisible by 16 (Triton's `tt.divisibility`, which sets vector widths).
             if isinstance(value, torch.Tensor):
-                values[name] = {"pointer": _POINTEE[str(value.dtype)]}
+                values[name] = {"pointer": _POINTEE[str(value.dtype)],
+                                "divisible": value.data_ptr() % 16 == 0}  # fmt: skip
             elif value is None or _is_constexpr(param):
                 values[name] = {"value": value}
-            else:  # a runtime scalar: only its type reaches the compiled code
-                values[name] = {"scalar": _scalar_type(value)}
+            else:  # a runtime scalar: its type and divisibility reach the compiled code
+                values[name] = {"scalar": _scalar_type(value),
+                                "divisible": isinstance(value, int) and value % 16 == 0}  # fmt: skip
         launch = {
             "module": self.fn.__module__, "kernel": self.fn.__name__,
             "args": values, "options": options,
@@ -85,7 +89,7 @@ def compile_launches(launches: list[dict], through: str = "ttgir") -> list[str]:
     failures = []
     for launch in launches:
         kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
-        signature, constants = {}, {}
+        signature, constants, attrs = {}, {}, {}
         for index, param in enumerate(kernel.params):
             recorded = launch["args"][param.name]
             if param.is_constexpr:
@@ -98,7 +102,9 @@ def compile_launches(launches: list[dict], through: str = "ttgir") -> list[str]:
             else:  # None: Triton makes the argument a constant
                 signature[param.name] = "constexpr"
                 constants[(index,)] = recorded["value"]
-        source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
+            if recorded.get("divisible"):
+                attrs[(index,)] = [["tt.divisibility", 16]]
+        source = ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attrs)
         try:
             options = backend.parse_options(dict(launch["options"], **source.parse_options()))
             stages: dict = {}

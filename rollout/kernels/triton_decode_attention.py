@@ -66,8 +66,9 @@ class DecodeTiles:
     # the kernel's registers with the tile loop: 64 took an FP8 launch to a register count that
     # fits one program fewer per SM.
     merge_pairs: int = 32
-    # An FP8 cache's tiles with the keys on the MMA's wide side (`fold_tile_keys_wide`); 0 puts
-    # the query rows there, padded to 16, as a bf16 cache's tiles do.
+    # An FP8 cache's tiles with the keys on the MMA's wide side (`fold_tile_keys_wide`) where a
+    # launch has at most KEYS_WIDE_MAX_ROWS query rows a KV head; 0 puts the query rows there,
+    # padded to 16, as a bf16 cache's tiles and launches with more rows do.
     fp8_keys_wide: bool = True
 
     def __post_init__(self) -> None:
@@ -91,6 +92,12 @@ class DecodeTiles:
 
 
 DECODE_TILES = DecodeTiles()
+
+# The most query rows (a KV head's group x the step's query tokens) the keys-wide tiles take:
+# 4 sit in the MMA's narrow side (8) as Ampere-style MMAs. From 8 rows Triton picks Hopper's
+# wgmma for those products instead, whose shared-memory copy of V laid out by token does not
+# compile (1-byte async copies); and from 8 the rows-wide tiles waste half their 16 rows or less.
+KEYS_WIDE_MAX_ROWS = 4
 
 
 @triton.jit
@@ -346,7 +353,7 @@ def decode_attention(
     rows = group * query_len
     merge_rows = max(2, triton.next_power_of_2(rows))
     k_f16 = fp16_keys(query, kv_scales is not None)
-    keys_wide = kv_scales is not None and bool(tiles.fp8_keys_wide)
+    keys_wide = kv_scales is not None and bool(tiles.fp8_keys_wide) and rows <= KEYS_WIDE_MAX_ROWS
     by_token = reads_v_by_token(k_cache, v_cache, kv_scales is not None)
     if by_token and tiles.block_n < k_cache.shape[1]:
         raise ValueError(
@@ -363,9 +370,9 @@ def decode_attention(
         FAST_WIDEN=kv_scales is not None and fast_widen(query.dtype, query.device),
         K_F16=k_f16,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, QUERY_LEN=query_len,
-        # the rows fill the MMA's narrow side (at least 8) with the keys wide, its 16-row side
-        # otherwise; padded rows are masked and never stored
-        ROWS_PAD=max(4 if keys_wide else 16, triton.next_power_of_2(rows)), MERGE_ROWS=merge_rows,
+        # padded rows are masked and never stored
+        ROWS_PAD=KEYS_WIDE_MAX_ROWS if keys_wide else max(16, triton.next_power_of_2(rows)),
+        MERGE_ROWS=merge_rows,
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
         BLOCK_N=tiles.block_n, SPLIT_LEN=split_len,
         MERGE_CHUNK=max(

@@ -394,6 +394,31 @@ def test_an_fp8_cache_is_read_within_bf16s_rounding(choice: str, tiles) -> None:
         assert ((got.float() - want).abs() <= bound).all()
 
 
+@pytest.mark.parametrize("group, query_len", [(4, 1), (2, 1), (8, 1), (4, 3)])
+def test_the_decode_kernel_reads_an_fp8_cache_at_the_engines_tiles(group, query_len) -> None:
+    """The engine's launches at head_dim 128 and its default tiles, bf16: the keys-wide tiles
+    (up to 4 query rows a KV head) and the rows-wide ones past that (8 rows; 12 for a prompt
+    of 3 tokens or a verification step), against the twin."""
+    from rollout.kernels import torch_paged_attention as twin
+    from rollout.kernels import triton_paged_attention as kernels
+    from tests.kernel_cases import make_case, with_fp8_cache
+
+    lens = [3, 700, 4000, 129]
+    case = with_fp8_cache(
+        make_case(lens, [query_len] * 4, 8, group, 128, 16, torch.bfloat16, "cuda", seed=group)
+    )
+    kv = (case["query"], case["k_cache"], case["v_cache"], case["block_tables"])
+    got = kernels.decode_attention(
+        *kv, case["seq_lens"], case["scale"], 4096, query_len=query_len,
+        kv_scales=case["kv_scales"],
+    )  # fmt: skip
+    want = twin.paged_attention(
+        *kv, case["query_start_loc_host"], case["seq_lens_host"], case["scale"],
+        kv_scales=case["kv_scales"],
+    )  # fmt: skip
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("kv_tiles", ["bf16", "fp16 K"])
 def test_graphs_equal_eager_with_an_fp8_kv_cache_read_through(kv_tiles: str) -> None:
     with fp8_kv_tiles(kv_tiles):
