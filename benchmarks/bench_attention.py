@@ -78,6 +78,12 @@ def main() -> None:
         help="with --regimes --fp8-kv: also the FP8 cache with V laid out by dim, as bf16's (the "
         "engine lays an FP8 cache's V out by token)",
     )
+    parser.add_argument(
+        "--choices",
+        default="",
+        help="with --regimes: only these launch choices (names as printed, ';'-separated), e.g. "
+        "one choice's launches alone under a profiler",
+    )
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
 
@@ -266,6 +272,12 @@ def sweep_regimes(args) -> list[dict]:
                 base, target_programs=256, full_batch_split_len=1024
             ),
         }
+    if args.choices:
+        wanted = [name.strip() for name in args.choices.split(";")]
+        unknown = [name for name in wanted if name not in choices]
+        if unknown:
+            raise SystemExit(f"--choices: unknown {unknown}; one of {list(choices)}")
+        choices = {name: choices[name] for name in wanted}
     rows = []
     for point in args.points.split(","):
         contexts = point_contexts(point)

@@ -27,6 +27,9 @@
 #   attn-mixed  the same at batches of mixed contexts (grpo's lengths; MIXED_POINTS)
 #   grpo-pieces  grpo with FP8 weights and KV, the FP8 cache's full-batch pieces up to 2,048
 #            tokens (the default) then up to 1,024 (about 6 minutes on one H200)
+#   profile-kv  one decode attention launch over an FP8 cache (PROFILE_POINT, default 64x4096)
+#            under Nsight Compute (ncu) for each of PROFILE_CHOICES (bench_attention's names,
+#            ';'-separated), and its instructions by opcode (benchmarks/sass_mix.py)
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out), the rollout runs' plots to $PLOT_DIR (default
 # $OUT_DIR: point it elsewhere where only a few files can be brought back); ROLLOUT_COMMIT=<sha>
@@ -127,6 +130,20 @@ for part in "$@"; do
           --json-out "$OUT_DIR/grpo_qwen3-8b_fp8_kv_pieces$len.json" \
           --plot-out "$PLOT_DIR/grpo_qwen3-8b_fp8_kv_pieces$len.png"
       done ;;
+    profile-kv)
+      IFS=';' read -ra profiled <<< "${PROFILE_CHOICES:-FP8 KV;FP8, query rows wide}"
+      for choice in "${profiled[@]}"; do
+        tag=$(printf '%s' "$choice" | tr -c 'a-zA-Z0-9' '_')
+        timeout 240 ncu --set full -k regex:'^_decode_kernel$' -c 1 -o "$OUT_DIR/decode_$tag" \
+          python3 benchmarks/bench_attention.py --regimes --fp8-kv --choices "$choice" \
+          --points "${PROFILE_POINT:-64x4096}" > "$OUT_DIR/profile_$tag.log" 2>&1
+        echo "profile $choice: rc=$?"
+        ncu -i "$OUT_DIR/decode_$tag.ncu-rep" --page source --print-source sass --csv \
+          > "$OUT_DIR/decode_${tag}_sass.csv"
+        rm -f "$OUT_DIR/decode_$tag.ncu-rep"  # tens of MB; the CSV holds what the summary reads
+      done
+      python3 benchmarks/sass_mix.py "$OUT_DIR"/decode_*_sass.csv \
+        --json-out "$OUT_DIR/decode_sass_mix.json" ;;
     tail) both grpo_tail 120 --workload grpo --prompts 2 --group-size 4 --length-max 4096 ;;
     moe) run moe_experts 90 benchmarks/bench_moe.py --tokens ${MOE_TOKENS:-1,8,32,128} \
       --json-out "$OUT_DIR/moe_experts.json" ;;
