@@ -67,6 +67,13 @@ def dot_precision(query: torch.Tensor) -> str:
 
 
 @triton.jit
+def page_start(page, stride):
+    """page x stride in int64 (a cache of over 2^31 elements passes int32), as one unsigned
+    32 x 32 -> 64-bit multiply: pages and strides are never negative."""
+    return page.to(tl.uint32).to(tl.int64) * stride.to(tl.uint32).to(tl.int64)
+
+
+@triton.jit
 def load_kv_tile(
     k_cache_ptr, v_cache_ptr, block_table_ptr, offs, n_mask, d, d_mask, kv_head,
     stride_cblock, stride_cslot, stride_chead, PAGE: tl.constexpr,
@@ -86,22 +93,26 @@ def load_kv_tile(
     runs of PAGE tokens load as vectors and widen straight into the MMA's operand layout, as K
     does along its dims. They load unmasked along the tokens (a masked load would not
     vectorize), so the slots of the last page past the context are read too."""
-    page = tl.load(block_table_ptr + offs // PAGE, mask=n_mask, other=0)
-    # int64: block x stride passes int32 in caches of over 2^31 elements.
-    row = page.to(tl.int64) * stride_cblock + (offs % PAGE) * stride_cslot + kv_head * stride_chead
-    kv_mask = n_mask[:, None] & d_mask[None, :]
-    k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    # offs >= 0: unsigned, so the page and slot are a shift and a mask, not a signed division.
+    page = tl.load(block_table_ptr + offs.to(tl.uint32) // PAGE, mask=n_mask, other=0)
+    slot = (offs.to(tl.uint32) % PAGE).to(tl.int32)
+    row = page_start(page, stride_cblock) + (slot * stride_cslot + kv_head * stride_chead)
+    # K loads unmasked along the tokens: a score past the context is masked (-inf) by the caller
+    # whatever its key holds, and a page past the sequence's reads as page 0 (the table's load
+    # is masked), so every address stays inside the cache.
+    k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=d_mask[None, :], other=0.0)
     if V_BY_TOKEN:
-        slot = tl.max_contiguous(tl.multiple_of(offs % PAGE, PAGE), PAGE)
-        v_page = tl.max_constancy(page, PAGE).to(tl.int64)
-        v_row = v_page * stride_cblock + kv_head * (PAGE * HEAD_DIM) + slot
+        slot = tl.max_contiguous(tl.multiple_of(slot, PAGE), PAGE)
+        v_page = tl.max_constancy(page, PAGE)
+        v_row = page_start(v_page, stride_cblock) + (kv_head * (PAGE * HEAD_DIM) + slot)
         v = tl.load(
             v_cache_ptr + v_row[:, None] + d[None, :] * PAGE, mask=d_mask[None, :], other=0.0
         )
     else:
+        kv_mask = n_mask[:, None] & d_mask[None, :]
         v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
     if FP8_KV:
-        scale_row = page.to(tl.int64) * stride_sblock + (offs % PAGE) * stride_sslot + kv_head
+        scale_row = page_start(page, stride_sblock) + (slot * stride_sslot + kv_head)
         k_scale = tl.load(k_scale_ptr + scale_row, mask=n_mask, other=0.0)
         v_scale = tl.load(v_scale_ptr + scale_row, mask=n_mask, other=0.0)
         if K_F16:
@@ -150,11 +161,12 @@ def scale_scores(qk, k_scale, q_back, FP8_KV: tl.constexpr, K_F16: tl.constexpr)
 
 
 @triton.jit
-def scale_scores_keys_wide(qk_t, k_scale, q_back, K_F16: tl.constexpr):
-    """`scale_scores` of an FP8 tile for scores laid out [tile, rows] (`fold_tile_keys_wide`)."""
-    if K_F16:
-        qk_t = qk_t * q_back[None, :]
-    return qk_t * k_scale[:, None]
+def scores_keys_wide(k, q_t, k_scale, row_factor, DOT_PRECISION: tl.constexpr):
+    """The scores [tile, rows] of an FP8 tile's unscaled keys `k` against the query's transpose,
+    each row times its `row_factor` (`query_for_tiles`' factor back, times the softmax scale,
+    times log2(e) where the caller takes exp2) and each key times its scale."""
+    qk_t = tl.dot(k, q_t, input_precision=DOT_PRECISION)
+    return qk_t * row_factor[None, :] * k_scale[:, None]
 
 
 @triton.jit
@@ -228,22 +240,26 @@ def fold_tile(
 
 
 @triton.jit
-def fold_tile_keys_wide(qk_t, v, v_scale, m, denom, acc_t, DOT_PRECISION: tl.constexpr):
-    """`fold_tile` for an FP8 tile with the tile's tokens on the MMA's wide side: scores `qk_t`
+def fold_tile_keys_wide(qk_t, v, v_scale, m, denom_t, acc_t, DOT_PRECISION: tl.constexpr):
+    """`fold_tile` for an FP8 tile with the tile's tokens on the MMA's wide side, its scores and
+    running max in log2 units (times log2(e): exp2 is one instruction, exp two): scores `qk_t`
     [tile, rows] (K times the query's transpose), output `acc_t` [BLOCK_D, rows] (V's transpose
     times the weights). The MMA's narrow side is at least 8 wide (16 on its other side), so a
     KV head's few query rows (4 for 32 heads over 8) fill half of it, not a quarter, and the
-    softmax works on [tile, rows] instead of [16, tile]. Same sums as `fold_tile`."""
+    softmax works on [tile, rows] instead of [16, tile]. The normaliser stays unsummed,
+    `denom_t` [tile, rows] (summed over the tile once, after the last tile): a tile's tokens lie
+    across the program's warps, so each sum over them costs a round trip through shared memory
+    and a barrier. Same sums as `fold_tile`."""
     m_new = tl.maximum(m, tl.max(qk_t, 0))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp(qk_t - m_safe[None, :])
-    alpha = tl.exp(m - m_safe)
-    denom = denom * alpha + tl.sum(p, 0)
+    p = tl.exp2(qk_t - m_safe[None, :])
+    alpha = tl.exp2(m - m_safe)
+    denom_t = denom_t * alpha[None, :] + p
     weights = p * v_scale[:, None]
     acc_t = acc_t * alpha[None, :] + tl.dot(
         tl.trans(v), weights.to(v.dtype), input_precision=DOT_PRECISION
     )
-    return m_new, denom, acc_t
+    return m_new, denom_t, acc_t
 
 
 @triton.jit

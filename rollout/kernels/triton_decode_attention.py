@@ -39,7 +39,7 @@ from rollout.kernels.triton_attention_tiles import (
     query_for_tiles,
     reads_v_by_token,
     scale_scores,
-    scale_scores_keys_wide,
+    scores_keys_wide,
     soft_cap,
 )
 from rollout.kernels.triton_fp8_widen import fast_widen
@@ -98,6 +98,9 @@ DECODE_TILES = DecodeTiles()
 # wgmma for those products instead, whose shared-memory copy of V laid out by token does not
 # compile (1-byte async copies); and from 8 the rows-wide tiles waste half their 16 rows or less.
 KEYS_WIDE_MAX_ROWS = 4
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -166,6 +169,9 @@ def _decode_kernel(
     if KEYS_WIDE:  # an FP8 cache: scores [BLOCK_N, ROWS_PAD], output [BLOCK_D, ROWS_PAD]
         q_t = tl.trans(q)
         acc_t = tl.zeros([BLOCK_D, ROWS_PAD], tl.float32)
+        denom_t = tl.zeros([BLOCK_N, ROWS_PAD], tl.float32)
+        # Scores in log2 units (fold_tile_keys_wide), after the softcap where there is one.
+        row_factor = q_back * (scale if HAS_SOFTCAP else scale * LOG2E)
         for n0 in range(start, end, BLOCK_N):
             offs = n0 + tl.arange(0, BLOCK_N)
             n_mask = offs < end
@@ -175,20 +181,21 @@ def _decode_kernel(
                 k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV,
                 FAST_WIDEN, K_F16, V_BY_TOKEN, HEAD_DIM,
             )  # fmt: skip
-            qk = tl.dot(k, q_t, input_precision=DOT_PRECISION) * scale
-            qk = scale_scores_keys_wide(qk, k_scale, q_back, K_F16)
+            qk = scores_keys_wide(k, q_t, k_scale, row_factor, DOT_PRECISION)
             if HAS_SOFTCAP:
-                qk = soft_cap(qk, softcap)
+                qk = soft_cap(qk, softcap) * LOG2E
             visible = n_mask[:, None]
             if QUERY_LEN > 1:
                 visible &= offs[:, None] <= q_pos[None, :]
             if HAS_WINDOW:
                 visible &= offs[:, None] > q_pos[None, :] - window
             qk = tl.where(visible, qk, float("-inf"))
-            m, denom, acc_t = fold_tile_keys_wide(
-                qk, v, v_scale, m, denom, acc_t, DOT_PRECISION
+            m, denom_t, acc_t = fold_tile_keys_wide(
+                qk, v, v_scale, m, denom_t, acc_t, DOT_PRECISION
             )  # fmt: skip
         acc = tl.trans(acc_t)  # once a program, not a tile
+        denom = tl.sum(denom_t, 0)
+        m = m * LN2  # back to natural units
     else:
         acc = tl.zeros([ROWS_PAD, BLOCK_D], tl.float32)
         for n0 in range(start, end, BLOCK_N):
