@@ -27,6 +27,7 @@ P tokens, as the samples of a grpo prompt do (the reads are counted as read, sha
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -81,7 +82,8 @@ def main() -> None:
     parser.add_argument(
         "--choices",
         default="",
-        help="with --regimes: only these launch choices (names as printed, ';'-separated), e.g. "
+        help="with --regimes: only these launch choices (names as printed, ';'-separated, each "
+        "optionally followed by ' with FIELD=N,...' to change DecodeTiles fields), e.g. "
         "one choice's launches alone under a profiler",
     )
     parser.add_argument("--json-out", default="")
@@ -186,6 +188,20 @@ def tiles_of(choice: str) -> str:
     return "bf16" if "bf16 tiles" in choice else "fp16 K"
 
 
+def with_fields(tiles, choice: str):
+    """`tiles` with the DecodeTiles fields a choice's name sets after " with ", e.g.
+    "FP8 KV with num_stages=5,block_n=64"."""
+    if " with " not in choice:
+        return tiles
+    fields = {}
+    for item in choice.split(" with ", 1)[1].split(","):
+        name, _, value = item.partition("=")
+        if name.strip() not in vars(tiles) or not value.strip().lstrip("-").isdigit():
+            raise SystemExit(f"--choices {choice!r}: {item!r} is not a DecodeTiles field=integer")
+        fields[name.strip()] = int(value)
+    return dataclasses.replace(tiles, **fields)
+
+
 def share_prefix(block_tables, pages: int, group: int):
     """Block tables whose first `pages` entries are the same within each group of `group` rows
     (the group's first row's), as the samples of one grpo prompt share its pages."""
@@ -221,7 +237,6 @@ def point_contexts(point: str) -> list[int]:
 
 def sweep_regimes(args) -> list[dict]:
     """Per batch point and launch choice: microseconds per launch inside a CUDA graph."""
-    import dataclasses
     import functools
 
     import torch
@@ -274,10 +289,10 @@ def sweep_regimes(args) -> list[dict]:
         }
     if args.choices:
         wanted = [name.strip() for name in args.choices.split(";")]
-        unknown = [name for name in wanted if name not in choices]
+        unknown = [name for name in wanted if name.split(" with ")[0] not in choices]
         if unknown:
             raise SystemExit(f"--choices: unknown {unknown}; one of {list(choices)}")
-        choices = {name: choices[name] for name in wanted}
+        choices = {name: with_fields(choices[name.split(" with ")[0]], name) for name in wanted}
     rows = []
     for point in args.points.split(","):
         contexts = point_contexts(point)
