@@ -115,10 +115,10 @@ def load_kv_tile(
         scale_row = page_start(page, stride_sblock) + (slot * stride_sslot + kv_head)
         k_scale = tl.load(k_scale_ptr + scale_row, mask=n_mask, other=0.0)
         v_scale = tl.load(v_scale_ptr + scale_row, mask=n_mask, other=0.0)
-        if K_F16:
-            k = widen_e4m3(k, tl.float16, FAST_WIDEN, not V_BY_TOKEN)
-        else:
-            k = widen_e4m3(k, like_ptr.dtype.element_ty, FAST_WIDEN, True)
+        # In the MMA's operand layout (not where loaded) either way: Triton then lays the score
+        # dot out alike for the integer widening and its cast, so both sum in one order.
+        k_type: tl.constexpr = tl.float16 if K_F16 else like_ptr.dtype.element_ty
+        k = widen_e4m3(k, k_type, FAST_WIDEN, not V_BY_TOKEN)
         v = widen_e4m3(v, like_ptr.dtype.element_ty, FAST_WIDEN, not V_BY_TOKEN)
         if V_BY_TOKEN and not FAST_WIDEN:
             # Loaded unmasked: past the context lie another sequence's leftovers, whose weight
