@@ -8,7 +8,10 @@ makes (the kernel, its arguments' types, its compile-time constants and launch o
 ahead of time, on CPU, through Triton's own front end and layout passes; and each launch that
 reads FP8 once more with bf16 activations (`bf16_twins`), whose FP8 reads take
 `triton_fp8_widen`'s inline PTX, the interpreter cannot run: those down to a cubin, through the
-PTX assembler Triton ships.
+PTX assembler Triton ships. With `--sass` each of those prints its registers and its two
+largest loops' instructions by opcode, counted in the compiled code (`sass_summary`): what one tile or
+K step costs, measured without a GPU (the counts hold for the Triton version installed; the GPU
+machine's own is what its runs execute).
 tests/unit/test_triton_interpreter.py runs both.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -72,11 +76,14 @@ def record_launches(path: str) -> None:
     atexit.register(lambda: Path(path).write_text(json.dumps(list(seen.values()), indent=1)))
 
 
-def compile_launches(launches: list[dict], through: str = "ttgir") -> list[str]:
+def compile_launches(
+    launches: list[dict], through: str = "ttgir", cubins: list | None = None
+) -> list[str]:
     """Compile each launch for sm_90 through Triton's front end and its GPU-layout passes
     (TTIR, then TTGIR: where a type or shape the interpreter let through is refused); with
     `through="cubin"` on through LLVM, PTX and the assembler (seconds a kernel on CPU; where
-    inline PTX is checked). Returns one line per failure (empty: all compiled)."""
+    inline PTX is checked), appending (launch, cubin bytes) to `cubins` if given. Returns one
+    line per failure (empty: all compiled)."""
     import importlib
 
     from triton._C.libtriton import ir
@@ -119,6 +126,8 @@ def compile_launches(launches: list[dict], through: str = "ttgir") -> list[str]:
             metadata = {"hash": launch["kernel"], "target": target, **options.__dict__}
             for stage in _STAGES[: _STAGES.index(through) + 1]:
                 module = stages[stage](module, metadata)
+            if cubins is not None and through == "cubin":
+                cubins.append((launch, module))
         except Exception as err:  # noqa: BLE001 - reported with the launch that failed
             shown = {kernel.params[i].name: v for (i,), v in constants.items()}
             failures.append(
@@ -163,6 +172,50 @@ def bf16_twins(launches: list[dict]) -> list[dict]:
     return list(twins.values())
 
 
+def loops(sass: str) -> list[list[str]]:
+    """The loops of `cuobjdump -sass` text, largest first: each backward branch's body, its
+    instructions once each (a static count: which loop is hot, and how often it runs, only a
+    profile says; a kernel's main loop is usually one of the two largest)."""
+    lines = [
+        (int(m.group(1), 16), m.group(2).strip())
+        for m in re.finditer(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", sass, re.M)
+    ]
+    bodies = []
+    for address, text in lines:
+        branch = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+        if branch and int(branch.group(1), 16) < address:
+            start = int(branch.group(1), 16)
+            bodies.append([t for a, t in lines if start <= a <= address])
+    return sorted(bodies, key=len, reverse=True)
+
+
+def sass_summary(cubin: bytes, shown_loops: int = 2) -> dict:
+    """Registers, and the largest loops' instructions by opcode (`loops`), of an sm_90 cubin,
+    read with the disassembler Triton ships."""
+    import subprocess
+    import tempfile
+    from collections import Counter
+
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True)
+    registers = re.search(r"REG:(\d+)", usage.stdout)
+    return {
+        "registers": int(registers.group(1)) if registers else None,
+        "loops": [
+            dict(Counter(
+                re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for text in body
+            ).most_common())
+            for body in loops(sass)[:shown_loops]
+        ],
+    }  # fmt: skip
+
+
 def _is_constexpr(param: inspect.Parameter) -> bool:
     # The kernels' modules use postponed annotations: the annotation is the text "tl.constexpr".
     annotation = param.annotation
@@ -181,6 +234,11 @@ def _scalar_type(value) -> str:
     raise TypeError(f"a kernel argument of type {type(value).__name__} ({value!r})")
 
 
+# The compile-time constants that tell one launch of a kernel from another in --sass lines.
+_SHOWN = ("KEYS_WIDE", "K_F16", "V_BY_TOKEN", "GROUP", "QUERY_LEN", "ROWS_PAD", "BLOCK_N",
+          "HAS_WINDOW", "HAS_SOFTCAP", "HAS_SINKS", "FP8", "BLOCK_M")  # fmt: skip
+
+
 if __name__ == "__main__":
     recorded = json.loads(Path(sys.argv[1]).read_text())
     problems = compile_launches(recorded)
@@ -188,11 +246,26 @@ if __name__ == "__main__":
         f"compiled {len(recorded) - len(problems)} of {len(recorded)} distinct launches for sm_90"
     )
     twins = bf16_twins(recorded)
-    twin_problems = compile_launches(twins, through="cubin")
+    cubins: list = []
+    twin_problems = compile_launches(twins, through="cubin", cubins=cubins)
     print(
         f"compiled {len(twins) - len(twin_problems)} of {len(twins)} bf16 twins of the FP8 "
         "launches to sm_90 cubins"
     )
     for line in problems + twin_problems:
         print(line)
+    if "--sass" in sys.argv[2:]:  # each twin's main loop, counted in its compiled code
+        for launch, cubin in cubins:
+            summary = sass_summary(cubin)
+            shown = {k: v["value"] for k, v in launch["args"].items()
+                     if k in _SHOWN and "value" in v}  # fmt: skip
+            mixes = [
+                f"{sum(mix.values())} ("
+                + ", ".join(f"{op} {n}" for op, n in list(mix.items())[:8]) + ")"
+                for mix in summary["loops"]
+            ]  # fmt: skip
+            options = launch["options"]
+            print(f"{launch['kernel']} {shown} warps {options.get('num_warps')} stages "
+                  f"{options.get('num_stages')}: {summary['registers']} registers; loops "
+                  + "; ".join(mixes))  # fmt: skip
     sys.exit(1 if problems or twin_problems or not recorded or not twins else 0)
