@@ -104,6 +104,23 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
+def tile_visible(offs, n_mask, q_pos, window, QUERY_LEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                 KEYS_WIDE: tl.constexpr):  # fmt: skip
+    """Which (row, position) pairs of a tile a row may see: inside the piece, causal among the
+    step's own tokens, inside the window; laid out [tile, rows] for the keys-wide tiles, else
+    [rows, tile]."""
+    if KEYS_WIDE:
+        position, row_position, visible = offs[:, None], q_pos[None, :], n_mask[:, None]
+    else:
+        position, row_position, visible = offs[None, :], q_pos[:, None], n_mask[None, :]
+    if QUERY_LEN > 1:  # causal among the step's own tokens
+        visible &= position <= row_position
+    if HAS_WINDOW:
+        visible &= position > row_position - window
+    return visible
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, sinks_ptr,
     part_out_ptr, part_lse_ptr, arrivals_ptr, out_ptr,
@@ -168,56 +185,42 @@ def _decode_kernel(
     denom = tl.zeros([ROWS_PAD], tl.float32)
     if KEYS_WIDE:  # an FP8 cache: scores [BLOCK_N, ROWS_PAD], output [BLOCK_D, ROWS_PAD]
         q_t = tl.trans(q)
-        acc_t = tl.zeros([BLOCK_D, ROWS_PAD], tl.float32)
+        acc = tl.zeros([BLOCK_D, ROWS_PAD], tl.float32)
         denom_t = tl.zeros([BLOCK_N, ROWS_PAD], tl.float32)
         # Scores in log2 units (fold_tile_keys_wide), after the softcap where there is one.
         row_factor = q_back * (scale if HAS_SOFTCAP else scale * LOG2E)
-        for n0 in range(start, end, BLOCK_N):
-            offs = n0 + tl.arange(0, BLOCK_N)
-            n_mask = offs < end
-            k, v, k_scale, v_scale = load_kv_tile(
-                k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs, n_mask, d,
-                d_mask, kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
-                k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV,
-                FAST_WIDEN, K_F16, V_BY_TOKEN, HEAD_DIM,
-            )  # fmt: skip
+    else:
+        acc = tl.zeros([ROWS_PAD, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs < end
+        k, v, k_scale, v_scale = load_kv_tile(
+            k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs, n_mask, d, d_mask,
+            kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
+            k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV,
+            FAST_WIDEN, K_F16, V_BY_TOKEN, HEAD_DIM,
+        )  # fmt: skip
+        if KEYS_WIDE:
             qk = scores_keys_wide(k, q_t, k_scale, row_factor, DOT_PRECISION)
             if HAS_SOFTCAP:
                 qk = soft_cap(qk, softcap) * LOG2E
-            visible = n_mask[:, None]
-            if QUERY_LEN > 1:
-                visible &= offs[:, None] <= q_pos[None, :]
-            if HAS_WINDOW:
-                visible &= offs[:, None] > q_pos[None, :] - window
-            qk = tl.where(visible, qk, float("-inf"))
-            m, denom_t, acc_t = fold_tile_keys_wide(
-                qk, v, v_scale, m, denom_t, acc_t, DOT_PRECISION
-            )  # fmt: skip
-        acc = tl.trans(acc_t)  # once a program, not a tile
-        denom = tl.sum(denom_t, 0)
-        m = m * LN2  # back to natural units
-    else:
-        acc = tl.zeros([ROWS_PAD, BLOCK_D], tl.float32)
-        for n0 in range(start, end, BLOCK_N):
-            offs = n0 + tl.arange(0, BLOCK_N)
-            n_mask = offs < end
-            k, v, k_scale, v_scale = load_kv_tile(
-                k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs, n_mask, d,
-                d_mask, kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
-                k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV,
-                FAST_WIDEN, K_F16, V_BY_TOKEN, HEAD_DIM,
-            )  # fmt: skip
+        else:
             qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
             qk = scale_scores(qk, k_scale, q_back, FP8_KV, K_F16)  # [ROWS_PAD, BLOCK_N]
             if HAS_SOFTCAP:
                 qk = soft_cap(qk, softcap)
-            visible = n_mask[None, :]
-            if QUERY_LEN > 1:  # causal among the step's own tokens
-                visible &= offs[None, :] <= q_pos[:, None]
-            if HAS_WINDOW:
-                visible &= offs[None, :] > q_pos[:, None] - window
-            qk = tl.where(visible, qk, float("-inf"))
+        qk = tl.where(
+            tile_visible(offs, n_mask, q_pos, window, QUERY_LEN, HAS_WINDOW, KEYS_WIDE),
+            qk, float("-inf"),
+        )  # fmt: skip
+        if KEYS_WIDE:
+            m, denom_t, acc = fold_tile_keys_wide(qk, v, v_scale, m, denom_t, acc, DOT_PRECISION)
+        else:
             m, denom, acc = fold_tile(qk, v, v_scale, m, denom, acc, DOT_PRECISION, FP8_KV)
+    if KEYS_WIDE:
+        acc = tl.trans(acc)  # once a program, not a tile
+        denom = tl.sum(denom_t, 0)
+        m = m * LN2  # back to natural units
     if num_active == 1:  # the whole visible context fit one piece: no partials, no merge
         if HAS_SINKS:
             sink = tl.load(sinks_ptr + heads, mask=row_mask, other=0.0).to(tl.float32)
