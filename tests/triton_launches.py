@@ -9,9 +9,9 @@ ahead of time, on CPU, through Triton's own front end and layout passes; and eac
 reads FP8 once more with bf16 activations (`bf16_twins`), whose FP8 reads take
 `triton_fp8_widen`'s inline PTX, the interpreter cannot run: those down to a cubin, through the
 PTX assembler Triton ships. With `--sass` each of those prints its registers and its two
-largest loops' instructions by opcode, counted in the compiled code (`sass_summary`): what one tile or
-K step costs, measured without a GPU (the counts hold for the Triton version installed; the GPU
-machine's own is what its runs execute).
+largest loops' instructions by opcode, counted in the compiled code (`sass_summary`): what one
+tile or K step costs, measured without a GPU (the counts hold for the Triton version installed;
+the GPU machine's own is what its runs execute).
 tests/unit/test_triton_interpreter.py runs both.
 """
 
