@@ -198,6 +198,8 @@ def sass_summary(cubin: bytes, shown_loops: int = 2) -> dict:
 
     import triton
 
+    from benchmarks.sass_mix import opcode
+
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
@@ -208,12 +210,10 @@ def sass_summary(cubin: bytes, shown_loops: int = 2) -> dict:
     return {
         "registers": int(registers.group(1)) if registers else None,
         "loops": [
-            dict(Counter(
-                re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for text in body
-            ).most_common())
+            dict(Counter(opcode(text).split(".")[0] for text in body).most_common())
             for body in loops(sass)[:shown_loops]
         ],
-    }  # fmt: skip
+    }
 
 
 def _is_constexpr(param: inspect.Parameter) -> bool:
