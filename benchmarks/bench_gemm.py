@@ -7,7 +7,7 @@ the bf16 weight and over its FP8 form (e4m3, a scale per output row).
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 64 --fp8-sweep  # FP8 tile choices only
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 8 --l2-prefetch 10  # FP8 weights in L2
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 64 --scaled-mm  # the library's FP8 GEMM
-    python benchmarks/bench_gemm.py --shapes qwen3-8b --m 64 --w8a8  # FP8 activations too (lib/w8a8_gemm.py)
+    python benchmarks/bench_gemm.py --shapes qwen3-8b --m 64 --w8a8  # FP8 activations too (w8a8_linear)
 
 The FP8 kernel is timed twice: widening e4m3 through `triton_fp8_widen`'s integer path (the
 engine's) and through Triton's own cast (`..._cast`), whose outputs must agree bit for bit.
@@ -117,9 +117,9 @@ def _scaled_mm_call(x, fp8):
     what a vendor FP8 GEMM costs at these rows)."""
     import torch
 
-    from benchmarks.lib.w8a8_gemm import fp8_rows
+    from rollout.kernels.torch_fp8 import quantize_rows
 
-    x8, x_scale = fp8_rows(x)
+    x8, x_scale = quantize_rows(x)
     x_scale = x_scale.view(-1, 1)
     scales = [s.view(1, -1) for _, s in fp8]
     return lambda i: torch._scaled_mm(
@@ -132,7 +132,7 @@ def measure_shape(
 ) -> dict:
     """One projection's timings; `sweep`: "" (the engine's tiles only), "all" (every tile choice
     of both kernels) or "fp8" (FP8_ROWS_SWEEP); `scaled_mm`: torch._scaled_mm too; `w8a8`: the
-    best of the W8A8 experiment's tile choices (benchmarks/lib/w8a8_gemm.py)."""
+    engine's W8A8 GEMM, and the best of W8A8_SWEEP."""
     import torch
 
     from rollout.kernels import triton_linear
@@ -210,37 +210,52 @@ def measure_shape(
     return row
 
 
+# FP8-MMA tile choices --w8a8 times beside the engine's own (BLOCK_N, BLOCK_K, stages, K split,
+# warps): the sweep its choice in triton_linear._fp8_mma_tiles came from.
+W8A8_SWEEP = [
+    (bn, 128, stages, split, 4) for bn in (64, 128) for split in (1, 2, 4, 8) for stages in (3, 5)
+]
+
+
 def _measure_w8a8(x, fp8, want, copies: int) -> dict:
-    """The W8A8 experiment at every tile choice whose row block suits x's rows: the best time,
-    its tiles, its error against its fp32 twin (the kernel) and against bf16 (the activations'
-    rounding as well)."""
-    import triton
+    """The engine's W8A8 GEMM (`triton_linear.w8a8_linear`: x rounded to e4m3 with a scale per
+    row) at its tiles, its error against the fp32 GEMM of its rounded operands and against bf16
+    (the activations' rounding as well), and, from 17 rows, the best of W8A8_SWEEP."""
+    import torch
 
-    from benchmarks.lib.w8a8_gemm import W8A8_CHOICES, fp8_rows, w8a8_matmul, w8a8_twin
+    from rollout.kernels import triton_linear
+    from rollout.kernels.torch_fp8 import dequantize_rows, quantize_rows
 
-    m = x.shape[0]
-    x8, x_scale = fp8_rows(x)
-    widest = max(32, triton.next_power_of_2(m))
+    m, n = x.shape[0], fp8[0][0].shape[0]
+    x8, x_scale = quantize_rows(x)
+    weight = dequantize_rows(*fp8[0], torch.bfloat16)
+    got = triton_linear.w8a8_linear(x8, x_scale, weight, None, *fp8[0]).float()
+    twin = dequantize_rows(x8, x_scale, torch.float32) @ weight.float().T
+    row = {
+        "w8a8_ms": time_in_graph(
+            lambda i: triton_linear.w8a8_linear(x8, x_scale, weight, None, *fp8[i]), copies
+        ),
+        "w8a8_error_to_twin": ((got - twin).norm() / twin.norm()).item(),
+        "w8a8_rel_error": ((got - want).norm() / want.norm()).item(),
+    }
+    if m <= triton_linear.FP8_NARROW_MAX_ROWS:
+        return row
+    y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     timed = {}
-    for tiles in W8A8_CHOICES:
-        if tiles.block_m > widest or (tiles.block_m < min(64, widest)):
-            continue  # row blocks of 64 (one warpgroup's MMA), or all rows when they fit less
+    for tiles in W8A8_SWEEP:
         try:
             timed[tiles] = time_in_graph(
-                lambda i, t=tiles: w8a8_matmul(x8, x_scale, fp8[i][0], fp8[i][1], t), copies
+                lambda i, t=tiles: triton_linear.launch(
+                    x8, fp8[i][0], None, y, *t, scale=fp8[i][1], x_scale=x_scale, fp8_mma=True
+                ),
+                copies,
             )
         except Exception:  # noqa: BLE001 - e.g. out of shared memory: not a candidate
             continue
     best = min(timed, key=timed.get)
-    got = w8a8_matmul(x8, x_scale, fp8[0][0], fp8[0][1], best).float()
-    twin = w8a8_twin(x8, x_scale, *fp8[0])
-    return {
-        "w8a8_ms": timed[best],
-        "w8a8_tiles": vars(best),
-        "w8a8_error_to_twin": ((got - twin).norm() / twin.norm()).item(),
-        "w8a8_rel_error": ((got - want).norm() / want.norm()).item(),
-        "w8a8_all": [[*vars(t).values(), round(ms * 1e3, 2)] for t, ms in timed.items()],
-    }
+    row["w8a8_sweep_best"] = {"tiles": list(best), "ms": timed[best]}
+    row["w8a8_sweep_all"] = [[*t, round(ms * 1e3, 2)] for t, ms in sorted(timed.items())]
+    return row
 
 
 def _prefetch_kernel():
@@ -332,8 +347,8 @@ def main() -> None:
     parser.add_argument(
         "--w8a8",
         action="store_true",
-        help="time the W8A8 experiment too (FP8 activations, a scale per row, on the tensor "
-        "cores' FP8 MMA; the best of its tile choices)",
+        help="time the engine's W8A8 GEMM too (activation_quantization='fp8': FP8 activations "
+        "with a scale per row, on the tensor cores' FP8 MMA from 17 rows) and its tile choices",
     )
     parser.add_argument("--shapes", choices=sorted(SHAPES), default="w1")
     parser.add_argument("--json-out", default="")
@@ -387,6 +402,9 @@ def main() -> None:
                 f" | W8A8 {row['w8a8_ms'] * 1e3:.1f} us (rel err {row['w8a8_rel_error']:.1e},"
                 f" to its twin {row['w8a8_error_to_twin']:.1e})"
             )
+        if "w8a8_sweep_best" in row:
+            best_w8a8 = row["w8a8_sweep_best"]
+            line += f" | best W8A8 tiles {best_w8a8['tiles']} {best_w8a8['ms'] * 1e3:.1f} us"
         if "sweep_best" in row:
             best = row["sweep_best"]
             line += f" | best tiles {best['tiles']} {best['ms'] * 1e3:.1f} us"

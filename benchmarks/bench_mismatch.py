@@ -3,6 +3,8 @@
     python benchmarks/bench_mismatch.py --shape qwen3-8b --json-out out/mismatch_8b.json
     python benchmarks/bench_mismatch.py --shape qwen3-30b-a3b --json-out out/mismatch_moe.json
     python benchmarks/bench_mismatch.py --shape qwen3-8b --weight-quantization fp8
+    python benchmarks/bench_mismatch.py --shape qwen3-8b --weight-quantization fp8 \
+        --activation-quantization fp8 --fp8-lm-head    # W8A8 projections, FP8 LM head
     python benchmarks/bench_mismatch.py --smoke            # tiny MoE on CPU, seconds
 
 The engine samples --samples completions of exactly --length tokens (temperature 1, EOS
@@ -20,6 +22,9 @@ With --weight-quantization fp8 the engine serves the FP8-rounded model and the t
 bf16 weights, as in training: `own_routing` (and `replayed_routes`) then measure the drift of
 FP8 rollouts against the bf16 policy, and `fp8_model_trainer` scores with the rounded weights,
 which isolates the kernels' share (the engine's weights are set back to bf16 after the rollout).
+With --activation-quantization fp8 (and --fp8-lm-head) the engine's projections round their
+inputs too (and its LM head is FP8): `fp8_model_trainer` then still rounds only the weights, so
+it holds the activations' share as well.
 
 Random weights: the figures show the numerics of two implementations of one model, not those of
 a trained checkpoint (whose sharper distributions and router margins differ).
@@ -113,7 +118,11 @@ def measure(args) -> dict:
     fp8 = args.weight_quantization == "fp8"
     # The bf16 weights the FP8 engine rounds in place, kept on the host for the trainer.
     originals = (
-        {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if ".layers." in n}
+        {
+            n: p.detach().to("cpu", copy=True)
+            for n, p in model.named_parameters()
+            if ".layers." in n or n == "lm_head.weight"
+        }
         if fp8
         else None
     )
@@ -128,6 +137,8 @@ def measure(args) -> dict:
             enable_prefix_caching=False,
             record_routes=moe,
             weight_quantization=args.weight_quantization,
+            activation_quantization=args.activation_quantization,
+            fp8_lm_head=args.fp8_lm_head,
         ),
     )
     g = torch.Generator().manual_seed(0)
@@ -165,6 +176,8 @@ def measure(args) -> dict:
         "rollout_s": rollout_s,
         "route_bytes_per_token": int(results[0].routes[0].nbytes) if moe else 0,
         "weight_quantization": args.weight_quantization,
+        "activation_quantization": args.activation_quantization,
+        "fp8_lm_head": args.fp8_lm_head,
         "runs": {
             name: figures(diffs, k3s, flips, args.length)
             for name, (diffs, k3s, flips) in runs.items()
@@ -205,6 +218,8 @@ def print_report(report: dict) -> None:
         f"[mismatch] {report['shape']} {report['dtype']} on {report['device']}: "
         f"{report['samples']} x ({report['prompt_len']} + {report['length']}) tokens, "
         f"weights {report['weight_quantization']}, "
+        f"activations {report.get('activation_quantization', 'none')}, "
+        f"FP8 LM head {report.get('fp8_lm_head', False)}, "
         f"rollout {report['rollout_s']:.1f} s"
     )
     if report["route_bytes_per_token"]:
@@ -236,6 +251,15 @@ def main(argv: list[str] | None = None) -> dict:
         default="none",
         choices=("none", "fp8"),
         help="the engine's weights (the trainer's stay bf16): fp8 measures FP8 rollouts' drift",
+    )
+    parser.add_argument(
+        "--activation-quantization",
+        default="none",
+        choices=("none", "fp8"),
+        help="with --weight-quantization fp8: the projections' inputs rounded to e4m3 too",
+    )
+    parser.add_argument(
+        "--fp8-lm-head", action="store_true", help="with --weight-quantization fp8: the LM head too"
     )
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args(argv)

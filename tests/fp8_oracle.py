@@ -10,9 +10,11 @@ import torch
 from rollout.kernels.torch_fp8 import dequantize_rows, quantize_rows
 
 
-def expected_rounded(name: str) -> bool:
-    """The decoder layers' projections and expert weights are FP8; embeddings, norms, routers
-    (`mlp.gate`) and the LM head are not."""
+def expected_rounded(name: str, lm_head: bool = False) -> bool:
+    """The decoder layers' projections and expert weights are FP8 (and the LM head with
+    `lm_head`); embeddings, norms and routers (`mlp.gate`) are not."""
+    if lm_head and name == "lm_head.weight":
+        return True
     if ".layers." not in name:
         return False
     return name.endswith("_proj.weight") or name.endswith(
@@ -20,13 +22,27 @@ def expected_rounded(name: str) -> bool:
     )
 
 
-def rounded_copy(model: torch.nn.Module) -> torch.nn.Module:
+def rounded_copy(
+    model: torch.nn.Module, lm_head: bool = False, round_inputs: bool = False
+) -> torch.nn.Module:
+    """`model` with its FP8 weights; with `round_inputs`, each rounded projection of the decoder
+    layers also rounds its input rows to e4m3 with a power-of-two scale each, as
+    activation_quantization="fp8" serves it."""
     rounded = copy.deepcopy(model)
     with torch.no_grad():
         for name, param in rounded.named_parameters():
-            if expected_rounded(name):
+            if expected_rounded(name, lm_head):
                 param.copy_(dequantize_rows(*quantize_rows(param), param.dtype))
+    if round_inputs:
+        for name, module in rounded.named_modules():
+            if isinstance(module, torch.nn.Linear) and expected_rounded(f"{name}.weight"):
+                module.register_forward_pre_hook(_round_input)
     return rounded
+
+
+def _round_input(module: torch.nn.Module, args: tuple) -> tuple:
+    x = args[0]
+    return (dequantize_rows(*quantize_rows(x), x.dtype), *args[1:])
 
 
 FP8_KV_ATTENTION = "fp8_kv_sdpa"

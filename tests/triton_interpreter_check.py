@@ -442,23 +442,31 @@ def check_sampler() -> float:
     return (logprobs - want_logprobs).abs().max().item()
 
 
-def check_w8a8_experiment() -> float:
-    """benchmarks/lib/w8a8_gemm.py (an experiment bench_gemm.py times) against its fp32 twin:
-    ragged rows, columns and K, whole and split over K. The kernel writes bf16, so what is
-    returned is the error beyond one bf16 step (2^-7 relative) of the twin."""
-    from benchmarks.lib.w8a8_gemm import W8A8Tiles, fp8_rows, w8a8_matmul, w8a8_twin
+def check_w8a8_linear() -> float:
+    """The FP8-activation GEMM (activation_quantization="fp8") against its twin, the fp32 GEMM
+    of the dequantized operands: x rows rounded to e4m3 with a scale each, widened and by the
+    FP8 MMA, whole and split over K, ragged rows, columns and K, with and without bias."""
+    from rollout.kernels import torch_fp8, triton_linear
 
+    g = torch.Generator().manual_seed(3)
     worst = 0.0
-    torch.manual_seed(11)
-    for m, n, k, tiles in [
-        (5, 40, 200, W8A8Tiles(16, 32, 1, 2, block_k=64)),
-        (20, 48, 300, W8A8Tiles(16, 16, 3, 2, block_k=32)),
-    ]:
-        x8, x_scale = fp8_rows(torch.randn(m, k))
-        w8, w_scale = fp8_rows(torch.randn(n, k) * 0.02)
-        got = w8a8_matmul(x8, x_scale, w8, w_scale, tiles).float()
-        want = w8a8_twin(x8, x_scale, w8, w_scale)
-        worst = max(worst, ((got - want).abs() - want.abs() * 2**-7).clamp_min(0).max().item())
+    for rows, n, k, use_bias in [(5, 100, 300, True), (20, 48, 512, False), (33, 40, 700, True)]:
+        x = torch.randn(rows, k, generator=g)
+        x[1] *= 1e-4
+        x8, x_scale = torch_fp8.quantize_rows(x)
+        q, scale = torch_fp8.quantize_rows(torch.randn(n, k, generator=g) * 0.02)
+        bias = torch.randn(n, generator=g) if use_bias else None
+        want = torch_fp8.fp8_linear_reference(
+            torch_fp8.dequantize_rows(x8, x_scale, torch.float32), q, scale, bias
+        )
+        y = torch.empty(rows, n)
+        for fp8_mma in (False, True):
+            for split_k in (1, 2):  # 2: where K is two whole tiles (512), else not split
+                triton_linear.launch(
+                    x8, q, bias, y, 32, 128 if fp8_mma else 256, 2, split_k,
+                    scale=scale, x_scale=x_scale, fp8_mma=fp8_mma,
+                )  # fmt: skip
+                worst = max(worst, _error(y, want))
     return worst
 
 
@@ -477,7 +485,7 @@ if __name__ == "__main__":
         ("counting sort of the experts' pairs", check_counting_sort),
         ("softmax top-k routing", check_top_k_routing),
         ("one-pass sampler", check_sampler),
-        ("W8A8 GEMM (a benchmark's experiment)", check_w8a8_experiment),
+        ("FP8 activations and weights GEMM", check_w8a8_linear),
     ]:
         error = check()
         print(f"{name}: max |triton - twin| = {error:.3g}")

@@ -161,7 +161,8 @@ def bf16_twins(launches: list[dict]) -> list[dict]:
             continue
         twin = json.loads(json.dumps(launch))
         for name in _ACTIVATIONS[launch["kernel"]]:
-            twin["args"][name] = {"pointer": "bf16"}
+            if twin["args"][name].get("pointer") == "fp32":  # FP8 activations stay FP8
+                twin["args"][name] = {**twin["args"][name], "pointer": "bf16"}
         twin["args"]["FAST_WIDEN"] = {"value": True}
         if "K_F16" in twin["args"]:  # the FP8 cache's K tiles as bf16 queries widen them
             twin["args"]["K_F16"] = {"value": fp16_keys(torch.zeros(1, dtype=torch.bfloat16), True)}

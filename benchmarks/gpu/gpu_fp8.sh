@@ -30,6 +30,13 @@
 #   profile-kv  one decode attention launch over an FP8 cache (PROFILE_POINT, default 64x4096)
 #            under Nsight Compute (ncu) for each of PROFILE_CHOICES (bench_attention's names,
 #            ';'-separated), and its instructions by opcode (benchmarks/sass_mix.py)
+#   gemm-w8a8  the W8A8 GEMM (activation_quantization=fp8) beside bf16 and FP8 weights, and its
+#            tile choices from 17 rows (W8A8_ROWS: 8 16 32 64 128)
+#   drift-w8a8 FP8 weights, activations and LM head against the bf16 trainer (Qwen3-8B shape),
+#            then FP8 weights alone in the same call
+#   grpo-bf16  the grpo workload on the Qwen3-8B shape in bf16 alone
+#   grpo-w8a8  the same with FP8 weights, KV cache, activations and LM head (GRPO_W8A8_EXTRA:
+#            more --engine overrides)
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out), the rollout runs' plots to $PLOT_DIR (default
 # $OUT_DIR: point it elsewhere where only a few files can be brought back); ROLLOUT_COMMIT=<sha>
@@ -153,6 +160,27 @@ for part in "$@"; do
         run "drift_$s" 300 benchmarks/bench_mismatch.py --shape "$s" --weight-quantization fp8 \
           --samples ${SAMPLES:-4} --length ${LENGTH:-8192} --json-out "$OUT_DIR/drift_$s.json"
       done ;;
+    gemm-w8a8)
+      for m in ${W8A8_ROWS:-8 16 32 64 128}; do
+        run "gemm_w8a8_qwen3-8b_m$m" ${GEMM_TIMEOUT:-150} benchmarks/bench_gemm.py --shapes qwen3-8b \
+          --m $m --w8a8 --json-out "$OUT_DIR/gemm_w8a8_qwen3-8b_m$m.json"
+      done ;;
+    drift-w8a8)
+      for extra in "--activation-quantization fp8 --fp8-lm-head" ""; do
+        tag=$([ -n "$extra" ] && echo w8a8_head || echo weights)
+        # shellcheck disable=SC2086
+        run "drift_${tag}_qwen3-8b" 300 benchmarks/bench_mismatch.py --shape qwen3-8b \
+          --weight-quantization fp8 $extra --samples ${SAMPLES:-4} --length ${LENGTH:-4096} \
+          --json-out "$OUT_DIR/drift_${tag}_qwen3-8b.json"
+      done ;;
+    grpo-bf16) run grpo_qwen3-8b_bf16 240 benchmarks/bench_rollout.py --workload grpo --modes overlap \
+      --json-out "$OUT_DIR/grpo_qwen3-8b_bf16.json" --plot-out "$PLOT_DIR/grpo_qwen3-8b_bf16.png" ;;
+    grpo-w8a8)
+      # shellcheck disable=SC2086
+      run grpo_qwen3-8b_w8a8 240 benchmarks/bench_rollout.py --workload grpo --modes overlap \
+        --engine weight_quantization=fp8 --engine kv_cache_dtype=fp8 \
+        --engine activation_quantization=fp8 --engine fp8_lm_head=true ${GRPO_W8A8_EXTRA:-} \
+        --json-out "$OUT_DIR/grpo_qwen3-8b_w8a8.json" --plot-out "$PLOT_DIR/grpo_qwen3-8b_w8a8.png" ;;
     *) echo "unknown part $part" ;;
   esac
 done

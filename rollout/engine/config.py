@@ -11,6 +11,7 @@ _LOAD_FORMATS = ("auto", "dummy")
 _SPECULATIVE = ("none", "ngram")
 _WEIGHT_QUANTIZATIONS = ("none", "fp8")
 _KV_CACHE_DTYPES = ("auto", "fp8")
+_ACTIVATION_QUANTIZATIONS = ("none", "fp8")
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,18 @@ class EngineConfig:
     adapter merges into the exact base and is rounded once. Without it an adapter sync is
     refused: merged into the rounded base, every update smaller than half an e4m3 step (most of
     a LoRA's) would vanish in the second rounding. The GRPO job turns it on for LoRA."""
+    fp8_lm_head: bool = False
+    """With weight_quantization="fp8": the LM head rounded and read as FP8 too (its own weight
+    only: a head tied to the input embeddings is refused). At a few running sequences it is a
+    tenth of a decode step's read: 0.15 ms a step on the Qwen3-8B shape (docs/performance.md).
+    The logits then come from the rounded head, whose drift bench_mismatch.py measures."""
+    activation_quantization: str = "none"
+    """"fp8", with weight_quantization="fp8": every quantized projection of the decoder layers
+    rounds its input too, each row to e4m3 with a power-of-two scale of its own, at every batch
+    size and in prefill, so the decode GEMMs from 17 rows run on the tensor cores' FP8 MMA
+    (0.6-0.75x of bf16's GEMMs a layer at 32-128 rows, where FP8 weights alone gain nothing).
+    A larger change of the model than the weights' rounding (docs/performance.md has the drift);
+    dense models only (MoE experts are refused). The LM head's input is not rounded."""
     kv_cache_dtype: str = "auto"
     """"auto": the model's dtype; "fp8": keys and values stored as e4m3 with a power-of-two scale
     per token and KV head, written by the attention's KV write and widened by its reads, so the
@@ -128,6 +141,15 @@ class EngineConfig:
         _check_choice("speculative", self.speculative, _SPECULATIVE)
         _check_choice("weight_quantization", self.weight_quantization, _WEIGHT_QUANTIZATIONS)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, _KV_CACHE_DTYPES)
+        _check_choice(
+            "activation_quantization", self.activation_quantization, _ACTIVATION_QUANTIZATIONS
+        )
+        for name, on in (
+            ("fp8_lm_head", self.fp8_lm_head),
+            ("activation_quantization='fp8'", self.activation_quantization == "fp8"),
+        ):
+            if on and self.weight_quantization != "fp8":
+                raise ValueError(f"{name} extends FP8 weights: it needs weight_quantization='fp8'")
         if self.fp8_keep_unrounded and self.weight_quantization != "fp8":
             raise ValueError(
                 "fp8_keep_unrounded keeps FP8 weights' unrounded values: it needs "

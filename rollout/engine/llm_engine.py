@@ -89,7 +89,11 @@ class LLMEngine:
         self.dtype = dtype
         self.vocab_size = model.get_input_embeddings().weight.shape[0]
         shape = KVCacheShape.from_model_config(model.config)
-        pending = fp8_bytes_needed(model) if config.weight_quantization == "fp8" else 0
+        pending = (
+            fp8_bytes_needed(model, config.fp8_lm_head)
+            if config.weight_quantization == "fp8"
+            else 0
+        )
         self.num_kv_blocks = decide_num_blocks(
             config, shape, kv_dtype(config, dtype), device, self.vocab_size, pending
         )

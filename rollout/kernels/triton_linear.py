@@ -36,10 +36,10 @@ MAX_ROWS = 64
 
 @triton.jit
 def _decode_linear_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-    FP8: tl.constexpr, IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    FAST_WIDEN: tl.constexpr,
+    x_ptr, w_ptr, s_ptr, xs_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn,
+    stride_ym, FP8: tl.constexpr, X_FP8: tl.constexpr, FP8_MMA: tl.constexpr, IEEE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FAST_WIDEN: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
@@ -64,12 +64,17 @@ def _decode_linear_kernel(
             mask=n_mask[:, None] & k_mask[None, :],
             other=0.0,
         )
-        if FP8:  # e4m3 -> bf16/fp16/fp32 is exact
-            w = widen_e4m3(w, x.dtype, FAST_WIDEN, False)
-        if IEEE:  # fp32 activations (exactness tests): no TF32 rounding
-            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+        if FP8_MMA:  # both in e4m3: the tensor cores' FP8 MMA, taken into fp32 every BLOCK_K
+            acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=BLOCK_K)
         else:
-            acc = tl.dot(x, tl.trans(w), acc)
+            if X_FP8:  # e4m3 activations (a scale per row) at a few rows: widened like w
+                x = widen_e4m3(x, y_ptr.dtype.element_ty, FAST_WIDEN, False)
+            if FP8:  # e4m3 -> bf16/fp16/fp32 is exact
+                w = widen_e4m3(w, x.dtype, FAST_WIDEN, False)
+            if IEEE:  # fp32 activations (exactness tests): no TF32 rounding
+                acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, tl.trans(w), acc)
     if SPLIT_K > 1:
         # Each slice leaves its partial sums in the workspace; the last of a column block's
         # programs to arrive adds them in slice order (deterministic), finishes and re-arms the
@@ -85,17 +90,23 @@ def _decode_linear_kernel(
                 acc += tl.load(part + s * M * N, mask=mn_mask, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid_n, 0)
             _finish(
-                acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, FP8, HAS_BIAS
-            )
+                acc, s_ptr, xs_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym,
+                FP8, X_FP8, HAS_BIAS,
+            )  # fmt: skip
     else:
-        _finish(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym, FP8, HAS_BIAS)
+        _finish(
+            acc, s_ptr, xs_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym,
+            FP8, X_FP8, HAS_BIAS,
+        )  # fmt: skip
 
 
 @triton.jit
-def _finish(acc, s_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym,
-            FP8: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
+def _finish(acc, s_ptr, xs_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym,
+            FP8: tl.constexpr, X_FP8: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
     if FP8:
         acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
+    if X_FP8:
+        acc *= tl.load(xs_ptr + offs_m, mask=m_mask, other=0.0)[:, None]
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     tl.store(
@@ -199,13 +210,90 @@ def decode_linear(
     return y.view(*x.shape[:-1], n)
 
 
+# FP8 activations too (EngineConfig.activation_quantization="fp8"): x8 [M, K] in e4m3 with a
+# power-of-two scale per row. At a few rows both operands are widened, as for FP8 weights alone
+# (the FP8 MMA was no faster there); from FP8_NARROW_MAX_ROWS + 1 to W8A8_MAX_ROWS rows the
+# tensor cores' FP8 MMA reads both as stored, with 64-column blocks and K split until a launch has
+# W8A8_MIN_PROGRAMS programs (bench_gemm.py --w8a8 on one H200 at 64 rows, Qwen3-8B's shapes: the
+# best of 48 tile choices was 64 columns everywhere, K split in 2 for q/k/v, 4 for o and down,
+# unsplit for gate/up: 0.61-0.74x of bf16's GEMMs a layer; docs/performance.md).
+W8A8_MAX_ROWS = 128
+W8A8_MIN_PROGRAMS = 192
+
+
+def _fp8_mma_tiles(rows: int, n: int) -> tuple[int, ...]:
+    block_n, block_k, split_k = 64, 128, 1
+    while triton.cdiv(n, block_n) * split_k < W8A8_MIN_PROGRAMS and split_k < 8:
+        split_k *= 2
+    stage = (_block_m(rows) + block_n) * block_k
+    return block_n, block_k, min(5 if split_k > 1 else 3, SHARED_MEMORY_BUDGET // stage), split_k, 4
+
+
+def fp8_mma_available(device: torch.device) -> bool:
+    """The tensor cores' FP8 MMA: NVIDIA from compute capability 8.9 (Ada, Hopper)."""
+    return (
+        device.type == "cuda"
+        and torch.version.hip is None
+        and torch.cuda.get_device_capability(device) >= (8, 9)
+    )
+
+
+@torch.library.custom_op("rollout::w8a8_linear", mutates_args=())
+def w8a8_linear(
+    x8: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    fp8_weight: torch.Tensor,
+    fp8_scale: torch.Tensor,
+) -> torch.Tensor:
+    """F.linear(x8 * x_scale, weight, bias) in weight's dtype, where x8 [..., K] is e4m3 with a
+    power-of-two scale per row (`torch_fp8.quantize_rows`) and weight == fp8_weight * fp8_scale:
+    by the Triton kernel reading both FP8 forms up to W8A8_MAX_ROWS rows, else (more rows, off
+    CUDA) F.linear over the dequantized activations, which are exact in bf16. Both compute the
+    same products; only the summation order differs."""
+    k = x8.shape[-1]
+    rows = x8.numel() // k if k else 0
+    if (
+        rows == 0
+        or rows > W8A8_MAX_ROWS
+        or not supported(fp8_weight)
+        or fp8_weight.dtype != FP8_DTYPE
+        or weight.dtype not in (torch.bfloat16, torch.float16, torch.float32)
+    ):
+        x = (x8.float() * x_scale[..., None]).to(weight.dtype)
+        return F.linear(x, weight, bias)
+    n = weight.shape[0]
+    x2 = x8.reshape(rows, k).contiguous()
+    y = torch.empty(rows, n, dtype=weight.dtype, device=x8.device)
+    # fp32 (the exactness tests) stays on the widened path, summed in IEEE fp32
+    fp8_mma = (
+        rows > FP8_NARROW_MAX_ROWS
+        and weight.dtype != torch.float32
+        and fp8_mma_available(x8.device)
+    )
+    tiles = _fp8_mma_tiles(rows, n) if fp8_mma else _tiles(rows, n, weight_bytes=1, x_bytes=1)
+    launch(
+        x2, fp8_weight, bias, y, *tiles,
+        scale=fp8_scale, x_scale=x_scale.reshape(rows).float().contiguous(), fp8_mma=fp8_mma,
+    )  # fmt: skip
+    return y.view(*x8.shape[:-1], n)
+
+
+@w8a8_linear.register_fake
+def _(x8, x_scale, weight, bias, fp8_weight, fp8_scale) -> torch.Tensor:
+    return x8.new_empty(*x8.shape[:-1], weight.shape[0], dtype=weight.dtype)
+
+
 def launch(
     x, weight, bias, y, block_n: int, block_k: int, stages: int, split_k: int = 1, warps: int = 4,
-    *, scale=None,
+    *, scale=None, x_scale=None, fp8_mma: bool = False,
 ) -> None:  # fmt: skip
     """y[M, N] = x[M, K] @ weight[N, K].T (+ bias) with the given tiles (bench_gemm.py sweeps
-    them); with `scale` [N], weight is FP8 and y = (x @ weight.T) * scale (+ bias). `split_k`
-    slices K over that many programs per column block (whole BLOCK_K tiles each, else no split)."""
+    them); with `scale` [N], weight is FP8 and y = (x @ weight.T) * scale (+ bias); with
+    `x_scale` [M] too, x is FP8 and each row of y is multiplied by its scale, the product taken
+    by the FP8 MMA with `fp8_mma` (else both widened to y's dtype). `split_k` slices K over that
+    many programs per column block (whole BLOCK_K tiles each, else no split)."""
     rows, k = x.shape
     n = weight.shape[0]
     column_blocks = triton.cdiv(n, block_n)
@@ -218,12 +306,13 @@ def launch(
         y if split_k == 1 else torch.empty(split_k, rows, n, dtype=torch.float32, device=x.device)
     )
     _decode_linear_kernel[(column_blocks, split_k)](
-        x, weight, scale if scale is not None else y, bias if bias is not None else y, y,
-        partials, counters if counters is not None else y,
+        x, weight, scale if scale is not None else y, x_scale if x_scale is not None else y,
+        bias if bias is not None else y, y, partials, counters if counters is not None else y,
         rows, n, k, x.stride(0), weight.stride(0), y.stride(0),
-        FP8=scale is not None, IEEE=x.dtype == torch.float32, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
+        FP8=scale is not None, X_FP8=x_scale is not None, FP8_MMA=fp8_mma, IEEE=y.dtype == torch.float32,
+        HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
         SPLIT_K=split_k, BLOCK_M=_block_m(rows), BLOCK_N=block_n, BLOCK_K=block_k,
-        FAST_WIDEN=scale is not None and fast_widen(x.dtype, x.device),
+        FAST_WIDEN=scale is not None and fast_widen(y.dtype, x.device),
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
 

@@ -471,3 +471,66 @@ def test_v_laid_out_by_token_reads_the_same(dtype) -> None:
             case["query"], case["k_cache"], v_by_token(case["v_cache"]), case["block_tables"],
             case["seq_lens"], case["scale"], 4096,
         )  # fmt: skip
+
+
+ROUNDED_INPUTS = dict(activation_quantization="fp8", fp8_lm_head=True)
+
+
+def _count_w8a8_launches(monkeypatch) -> dict[str, int]:
+    """Counts the decode GEMMs launched over FP8 activations, widened and by the FP8 MMA."""
+    from rollout.kernels import triton_linear
+
+    counts = {"widened": 0, "fp8_mma": 0}
+    launch = triton_linear.launch
+
+    def counting(*args, x_scale=None, fp8_mma=False, **kwargs):
+        if x_scale is not None:
+            counts["fp8_mma" if fp8_mma else "widened"] += 1
+        return launch(*args, x_scale=x_scale, fp8_mma=fp8_mma, **kwargs)
+
+    monkeypatch.setattr(triton_linear, "launch", counting)
+    return counts
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_fp32_greedy_with_rounded_inputs_equals_transformers(arch: str, monkeypatch) -> None:
+    model = tiny_model(arch).to("cuda")
+    reference = rounded_copy(model, lm_head=True, round_inputs=True)
+    expected = [hf_greedy(reference, p, 40) for p in PROMPTS]
+    counts = _count_w8a8_launches(monkeypatch)
+    engine = engine_for(model, ON_GPU, **ROUNDED_INPUTS)
+    results = engine.generate(PROMPTS, SamplingParams(max_tokens=40, temperature=0))
+    assert [r.token_ids for r in results] == expected
+    assert counts["widened"], "the decode steps must read the FP8 activations"
+    assert engine.stats().preemptions > 0 and engine.stats().cuda_graphs > 0
+
+
+@pytest.mark.parametrize("compile_model", [False, True])
+def test_bf16_rounded_inputs_through_the_fp8_mma_are_the_rounded_models(
+    compile_model: bool, monkeypatch
+) -> None:
+    """Up to 36 rows a step, so the FP8 MMA runs; compiled, the rounding is inductor's, fused
+    into the norms: the logprobs are the oracle's to bf16 precision, graphs equal eager."""
+    model = tiny_model("qwen3").to("cuda", torch.bfloat16)
+    reference = rounded_copy(model, lm_head=True, round_inputs=True)
+    counts = _count_w8a8_launches(monkeypatch)
+    settings = dict(
+        dtype="bfloat16", num_kv_blocks=400, max_num_seqs=64, compile_model=compile_model
+    )
+    engine = engine_for(model, ON_GPU, **ROUNDED_INPUTS, **settings)
+    params = SamplingParams(max_tokens=40, temperature=1.0, n=4, seed=2)
+    results = engine.generate(PROMPTS, params)
+    assert counts["fp8_mma"] and counts["widened"]
+    diffs = []
+    prompts = [p for p in PROMPTS for _ in range(params.n)]  # results: each prompt's n in turn
+    for prompt, result in zip(prompts, results, strict=True):
+        ids = torch.tensor([prompt + result.token_ids], device="cuda")
+        with torch.no_grad():
+            logits = reference(ids).logits[0, len(prompt) - 1 : -1].float()
+        want = torch.log_softmax(logits, -1).gather(1, ids[0, len(prompt) :, None])[:, 0]
+        diffs.append((torch.tensor(result.logprobs, device="cuda") - want).abs())
+    diffs = torch.cat(diffs)
+    assert diffs.median() < 0.02 and diffs.max() < 0.25, (diffs.median(), diffs.max())
+    eager = engine_for(model, ON_GPU, cuda_graphs=False, **ROUNDED_INPUTS, **settings)
+    again = eager.generate(PROMPTS, params)
+    assert [r.token_ids for r in again] == [r.token_ids for r in results]

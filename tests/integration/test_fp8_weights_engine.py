@@ -164,3 +164,54 @@ def test_routers_and_linear_subclasses_stay_unrounded(family: str) -> None:
     ]
     assert routers and not changed & set(routers)
     assert any("experts" in n for n in changed) and any("q_proj" in n for n in changed)
+
+
+W8A8 = dict(SETTINGS, activation_quantization="fp8", fp8_lm_head=True)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_rounded_inputs_and_head_serve_their_model_exactly(arch: str, overlap: bool) -> None:
+    """activation_quantization="fp8" with fp8_lm_head: the engine serves the FP8 model whose
+    layer projections see their inputs rounded (every row, prefill and decode alike) and whose
+    LM head is rounded too (its input is not)."""
+    model = tiny_model(arch, seed=5)
+    reference = rounded_copy(model, lm_head=True, round_inputs=True)
+    prompts = random_prompts(PROMPT_LENGTHS, seed=2)
+    engine = engine_for(model, W8A8, overlap=overlap)
+    engine_params = dict(engine.model.named_parameters())
+    for name, param in reference.named_parameters():
+        assert torch.equal(engine_params[name], param), name
+    assert not torch.equal(engine_params["lm_head.weight"], model.lm_head.weight)
+    results = engine.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0))
+    assert [r.token_ids for r in results] == [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+    # and not the model with unrounded inputs: the rounding is there to be seen
+    weights_only = rounded_copy(model, lm_head=True)
+    assert [r.token_ids for r in results] != [hf_greedy(weights_only, p, MAX_NEW) for p in prompts]
+
+
+def test_rounded_inputs_sample_the_rounded_models_logprobs() -> None:
+    model = tiny_model("qwen3", seed=6)
+    reference = rounded_copy(model, lm_head=True, round_inputs=True)
+    prompt = random_prompts((7,), seed=3)[0]
+    engine = engine_for(model, W8A8)
+    [result] = engine.generate([prompt], SamplingParams(max_tokens=12, temperature=1.0, seed=4))
+    with torch.no_grad():
+        logits = reference(torch.tensor([prompt + result.token_ids])).logits[0]
+    logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
+    want = logprobs.gather(1, torch.tensor(result.token_ids)[:, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(result.logprobs), want, rtol=1e-5, atol=1e-5)
+
+
+def test_fp8_extensions_need_fp8_weights_and_a_model_they_fit() -> None:
+    for extra in (dict(fp8_lm_head=True), dict(activation_quantization="fp8")):
+        with pytest.raises(ValueError, match="needs weight_quantization='fp8'"):
+            EngineConfig(**{**SETTINGS, "weight_quantization": "none", **extra})
+    with pytest.raises(ValueError, match="activation_quantization must be one of"):
+        EngineConfig(**{**SETTINGS, "activation_quantization": "int8"})
+    with pytest.raises(UnsupportedModelError, match="MoE experts.*activation_quantization='none'"):
+        engine_for(tiny_model("qwen3_moe", seed=1), W8A8)
+    tied = tiny_model("llama", seed=1)
+    tied.lm_head.weight = tied.get_input_embeddings().weight
+    with pytest.raises(UnsupportedModelError, match="ties its LM head.*fp8_lm_head=False"):
+        engine_for(tied, W8A8)

@@ -65,6 +65,8 @@ def job_summary(
         "off_policy_correction": config.off_policy_correction,
         "weight_quantization": config.rollout.engine.get("weight_quantization", "none"),
         "kv_cache_dtype": config.rollout.engine.get("kv_cache_dtype", "auto"),
+        "activation_quantization": config.rollout.engine.get("activation_quantization", "none"),
+        "fp8_lm_head": config.rollout.engine.get("fp8_lm_head", False),
         "off_policy": off_policy_figures(trainer.state.log_history),
         "routing_replay": config.trainer.routing_replay,
         "routing_flipped_fraction": logged_mean(

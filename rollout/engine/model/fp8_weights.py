@@ -10,9 +10,15 @@ summation order. transformers' own forward over the same modules is the exactnes
 
 Quantized: every linear projection of the decoder layers (plain `nn.Linear` modules; the fused
 q/k/v and gate/up as one tensor each, which per-row scales allow) and the MoE experts' 3-D
-weights. Kept as they are: the embeddings, norms, the LM head, the routers (named `gate`,
-`router`, `*_gate`), whose top-k is sensitive to small changes, and any subclass of `nn.Linear`,
-whose forward is its own.
+weights; the LM head too with `EngineConfig.fp8_lm_head`. Kept as they are: the embeddings,
+norms, the routers (named `gate`, `router`, `*_gate`), whose top-k is sensitive to small
+changes, and any subclass of `nn.Linear`, whose forward is its own.
+
+With `EngineConfig.activation_quantization="fp8"` the decoder layers' quantized projections
+round their inputs too: each row to e4m3 with a power-of-two scale of its own (the weights'
+rule, `torch_fp8.quantize_rows`), so the decode GEMMs can run on the tensor cores' FP8 MMA
+(`triton_linear.w8a8_linear`). The model served is then the one whose projections see those
+rounded inputs, at every batch size and in prefill alike (exact in bf16, as the weights are).
 
 Weight sync writes the bf16 values into the same parameters as without FP8; `round_all` then
 quantizes every tensor again in place on the device (LLMEngine.update_weights calls it after each
@@ -32,9 +38,10 @@ from torch import nn
 from rollout.engine.model.capabilities import UnsupportedModelError
 from rollout.engine.model.fused_experts import experts_modules
 from rollout.engine.model.loader import decoder_layers
-from rollout.kernels.torch_fp8 import FP8_DTYPE, round_to_fp8_
+from rollout.kernels.torch_fp8 import FP8_DTYPE, dequantize_rows, quantize_rows, round_to_fp8_
 
 _FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}
+_EXPERT_TENSORS = ("gate_up_proj", "down_proj")
 
 
 @dataclass
@@ -108,10 +115,10 @@ def is_router(name: str) -> bool:
     return leaf in ("gate", "router") or leaf.endswith(("_gate", "_router"))
 
 
-def quantized_tensors(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
+def quantized_tensors(model: nn.Module, lm_head: bool = False) -> list[tuple[str, nn.Module, str]]:
     """(name, module, attribute) of each tensor FP8 covers, in module order: a fused q/k/v or
     gate/up buffer once for its member projections, each other linear's weight, and each experts
-    module's `gate_up_proj` and `down_proj`."""
+    module's `gate_up_proj` and `down_proj`; then, with `lm_head`, the LM head's weight."""
     found: list[tuple[str, nn.Module, str]] = []
     head = model.get_output_embeddings()
     try:
@@ -134,7 +141,7 @@ def quantized_tensors(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
         for name, module in layer.named_modules():
             prefix = f"layers.{index}.{name}"
             if id(module) in experts:
-                for attribute in ("gate_up_proj", "down_proj"):
+                for attribute in _EXPERT_TENSORS:
                     tensor = getattr(module, attribute, None)
                     if isinstance(tensor, torch.Tensor) and tensor.dim() == 3:
                         found.append((f"{prefix}.{attribute}", module, attribute))
@@ -150,30 +157,63 @@ def quantized_tensors(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
             f"weight_quantization='fp8': {type(model).__name__}'s decoder layers have no "
             "nn.Linear projections or 3-D expert weights to quantize; set weight_quantization='none'"
         )
+    if lm_head:
+        found.append(("lm_head.weight", _plain_head(model), "weight"))
     return found
 
 
-def fp8_bytes_needed(model: nn.Module) -> int:
+def _plain_head(model: nn.Module) -> nn.Linear:
+    head = model.get_output_embeddings()
+    if type(head) is not nn.Linear:
+        raise UnsupportedModelError(
+            f"fp8_lm_head: {type(model).__name__}'s LM head is a {type(head).__name__}, not a "
+            "plain nn.Linear; set fp8_lm_head=False"
+        )
+    embeddings = model.get_input_embeddings()
+    if embeddings is not None and head.weight is getattr(embeddings, "weight", None):
+        raise UnsupportedModelError(
+            f"fp8_lm_head: {type(model).__name__} ties its LM head to its input embeddings, "
+            "which rounding the head would change too; set fp8_lm_head=False"
+        )
+    return head
+
+
+def fp8_bytes_needed(model: nn.Module, lm_head: bool = False) -> int:
     """The bytes the FP8 copies of `model` will take (before or after fusing projections)."""
     total = 0
-    for _, module, attribute in quantized_tensors(model):
+    for _, module, attribute in quantized_tensors(model, lm_head):
         tensor = getattr(module, attribute)
         total += tensor.numel() + tensor[..., 0].numel() * 4
     return total
 
 
-def quantize_model(model: nn.Module, keep_unrounded: bool = False) -> Fp8Weights:
+def quantize_model(
+    model: nn.Module,
+    keep_unrounded: bool = False,
+    lm_head: bool = False,
+    activations: bool = False,
+) -> Fp8Weights:
     """Give every covered weight its FP8 copy, round the weights to it, and route the forwards
     that can read it (the linears' and, through fused_experts_forward, the experts'). With
     `keep_unrounded`, each weight's values before rounding stay in host memory (pinned beside a
-    GPU) for `Fp8Weights.unrounded`: the base a LoRA adapter merges into."""
+    GPU) for `Fp8Weights.unrounded`: the base a LoRA adapter merges into. `lm_head`: the LM head
+    too; `activations`: the decoder layers' projections round their inputs (module docstring)."""
     weights = Fp8Weights()
+    tensors = quantized_tensors(model, lm_head)
+    head = model.get_output_embeddings()
+    experts = [name for name, _, attribute in tensors if attribute in _EXPERT_TENSORS]
+    if activations and experts:
+        raise UnsupportedModelError(
+            f"activation_quantization='fp8': {type(model).__name__}'s MoE experts ({experts[0]}, "
+            "...) would still read unrounded activations; only dense models are served with it. "
+            "Set activation_quantization='none'"
+        )
     cuda = next((p.device for p in model.parameters() if p.is_cuda), None)
     if cuda is not None:  # registers rollout::decode_linear; its K-split counters before capture
         from rollout.kernels import triton_linear
 
         triton_linear.prepare_split_k(cuda)
-    for name, module, attribute in quantized_tensors(model):
+    for name, module, attribute in tensors:
         tensor = getattr(module, attribute)
         q = torch.empty(tensor.shape, dtype=FP8_DTYPE, device=tensor.device)
         scale = torch.empty(tensor.shape[:-1], dtype=torch.float32, device=tensor.device)
@@ -184,7 +224,8 @@ def quantize_model(model: nn.Module, keep_unrounded: bool = False) -> Fp8Weights
                 tensor.shape, tensor.stride(), dtype=tensor.dtype, pin_memory=tensor.is_cuda
             )
         weights.weights.append(Fp8Weight(name, tensor.data, q, scale, unrounded))
-        fp8 = (q, scale)
+        # a linear's FP8 form: (e4m3 weight, its row scales, whether its inputs are rounded too)
+        fp8 = (q, scale, activations and module is not head)
         if attribute.endswith("_weight"):  # a fused projection's buffer: its forward reads this
             setattr(module, f"_fp8_{attribute.removesuffix('_weight')}", fp8)
         elif attribute == "weight":
@@ -193,7 +234,7 @@ def quantize_model(model: nn.Module, keep_unrounded: bool = False) -> Fp8Weights
                 module._plain_forward = module.forward
                 module.forward = _fp8_linear_forward.__get__(module)
         else:  # experts
-            setattr(module, f"_fp8_{attribute}", fp8)
+            setattr(module, f"_fp8_{attribute}", (q, scale))
     weights.keep_unrounded()
     weights.round_all()
     return weights
@@ -233,7 +274,7 @@ def fp8_read_bytes_saved(model: nn.Module) -> tuple[int, int]:
                 pairs.append(
                     (getattr(module, attribute), getattr(module, f"_fp8_{attribute}"), True)
                 )
-        for weight, (q, scale), is_expert in pairs:
+        for weight, (q, scale, *_), is_expert in pairs:
             saved = weight.numel() * weight.element_size() - q.numel() - 4 * scale.numel()
             if is_expert:
                 expert += saved
@@ -247,9 +288,17 @@ def fp8_linear(
 ) -> torch.Tensor:
     """x @ weight.T (+ bias), reading the FP8 form on CUDA where that pays (`triton_linear.fp8_pays`:
     every projection at a few rows, the wide ones at more); elsewhere `weight`, which holds the
-    same values: by our bf16 decode GEMM with `triton_bf16`, else cuBLAS (and prefill's rows)."""
+    same values: by our bf16 decode GEMM with `triton_bf16`, else cuBLAS (and prefill's rows).
+    With inputs rounded (activation_quantization="fp8"), x is rounded here, where torch.compile
+    fuses the rounding into the norm or activation before it, and the FP8 GEMM reads both."""
+    q, scale, round_inputs = fp8
+    if round_inputs:
+        x8, x_scale = quantize_rows(x)
+        if x.is_cuda:
+            return torch.ops.rollout.w8a8_linear(x8, x_scale, weight, bias, q, scale)
+        return F.linear(dequantize_rows(x8, x_scale, x.dtype), weight, bias)
     if x.is_cuda:
-        return torch.ops.rollout.decode_linear(x, weight, bias, *fp8, triton_bf16)
+        return torch.ops.rollout.decode_linear(x, weight, bias, q, scale, triton_bf16)
     return F.linear(x, weight, bias)
 
 

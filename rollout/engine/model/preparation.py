@@ -80,7 +80,12 @@ def prepare_model(
     if config.fuse_projections:
         fuse_projections(model)
     if config.weight_quantization == "fp8":  # after fusing: the fused weights get one copy each
-        prepared.fp8_weights = quantize_model(model, keep_unrounded=config.fp8_keep_unrounded)
+        prepared.fp8_weights = quantize_model(
+            model,
+            keep_unrounded=config.fp8_keep_unrounded,
+            lm_head=config.fp8_lm_head,
+            activations=config.activation_quantization == "fp8",
+        )
     else:
         clear_fp8(model)  # an earlier FP8 engine's copies would go stale here
     if config.triton_linear and triton:
