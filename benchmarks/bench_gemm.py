@@ -211,22 +211,30 @@ def measure_shape(
 
 
 # FP8-MMA tile choices --w8a8 times beside the engine's own (BLOCK_N, BLOCK_K, stages, K split,
-# warps): the sweep its choice in triton_linear._fp8_mma_tiles came from.
+# warps, BLOCK_M): the sweep its choice in triton_linear._fp8_mma_tiles came from.
 W8A8_SWEEP = [
-    (bn, 128, stages, split, 4) for bn in (64, 128) for split in (1, 2, 4, 8) for stages in (3, 5)
+    (bn, 128, stages, split, 4, bm)
+    for bm in (32, 64, 128)
+    for bn in (64, 128)
+    for split in (1, 2, 4, 8)
+    for stages in (3, 5)
 ]
 
 
 def _measure_w8a8(x, fp8, want, copies: int) -> dict:
     """The engine's W8A8 GEMM (`triton_linear.w8a8_linear`: x rounded to e4m3 with a scale per
     row) at its tiles, its error against the fp32 GEMM of its rounded operands and against bf16
-    (the activations' rounding as well), and, from 17 rows, the best of W8A8_SWEEP."""
+    (the activations' rounding as well), and, from W8A8_MIN_ROWS, the best of W8A8_SWEEP (row
+    blocks up to the rows' power of two)."""
     import torch
+    import triton
 
     from rollout.kernels import triton_linear
     from rollout.kernels.torch_fp8 import dequantize_rows, quantize_rows
 
     m, n = x.shape[0], fp8[0][0].shape[0]
+    if m < triton_linear.W8A8_MIN_ROWS:
+        return {}  # the engine multiplies these by the FP8-weight kernel (the "FP8" column)
     x8, x_scale = quantize_rows(x)
     weight = dequantize_rows(*fp8[0], torch.bfloat16)
     got = triton_linear.w8a8_linear(x8, x_scale, weight, None, *fp8[0]).float()
@@ -238,15 +246,22 @@ def _measure_w8a8(x, fp8, want, copies: int) -> dict:
         "w8a8_error_to_twin": ((got - twin).norm() / twin.norm()).item(),
         "w8a8_rel_error": ((got - want).norm() / want.norm()).item(),
     }
-    if m <= triton_linear.FP8_NARROW_MAX_ROWS:
-        return row
     y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     timed = {}
     for tiles in W8A8_SWEEP:
+        if tiles[-1] > max(32, triton.next_power_of_2(m)):
+            continue
         try:
             timed[tiles] = time_in_graph(
                 lambda i, t=tiles: triton_linear.launch(
-                    x8, fp8[i][0], None, y, *t, scale=fp8[i][1], x_scale=x_scale, fp8_mma=True
+                    x8,
+                    fp8[i][0],
+                    None,
+                    y,
+                    *t[:-1],
+                    scale=fp8[i][1],
+                    x_scale=x_scale,
+                    block_m=t[-1],
                 ),
                 copies,
             )

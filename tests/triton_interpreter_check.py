@@ -443,9 +443,9 @@ def check_sampler() -> float:
 
 
 def check_w8a8_linear() -> float:
-    """The FP8-activation GEMM (activation_quantization="fp8") against its twin, the fp32 GEMM
-    of the dequantized operands: x rows rounded to e4m3 with a scale each, widened and by the
-    FP8 MMA, whole and split over K, ragged rows, columns and K, with and without bias."""
+    """The FP8-activation GEMM (activation_quantization="fp8": the FP8 MMA) against its twin, the
+    fp32 GEMM of the dequantized operands: x rows rounded to e4m3 with a scale each, whole and
+    split over K, one row block or several, ragged rows, columns and K, with and without bias."""
     from rollout.kernels import torch_fp8, triton_linear
 
     g = torch.Generator().manual_seed(3)
@@ -460,11 +460,11 @@ def check_w8a8_linear() -> float:
             torch_fp8.dequantize_rows(x8, x_scale, torch.float32), q, scale, bias
         )
         y = torch.empty(rows, n)
-        for fp8_mma in (False, True):
+        for block_m in (16, None):  # row blocks of 16, or one for all rows
             for split_k in (1, 2):  # 2: where K is two whole tiles (512), else not split
                 triton_linear.launch(
-                    x8, q, bias, y, 32, 128 if fp8_mma else 256, 2, split_k,
-                    scale=scale, x_scale=x_scale, fp8_mma=fp8_mma,
+                    x8, q, bias, y, 32, 128, 2, split_k,
+                    scale=scale, x_scale=x_scale, block_m=block_m,
                 )  # fmt: skip
                 worst = max(worst, _error(y, want))
     return worst

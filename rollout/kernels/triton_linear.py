@@ -23,6 +23,8 @@ F.linear of a prefill and this kernel compute the same model.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -37,12 +39,13 @@ MAX_ROWS = 64
 @triton.jit
 def _decode_linear_kernel(
     x_ptr, w_ptr, s_ptr, xs_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn,
-    stride_ym, FP8: tl.constexpr, X_FP8: tl.constexpr, FP8_MMA: tl.constexpr, IEEE: tl.constexpr,
-    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FAST_WIDEN: tl.constexpr,
+    stride_ym, FP8: tl.constexpr, X_FP8: tl.constexpr, IEEE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, FAST_WIDEN: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
-    offs_m = tl.arange(0, BLOCK_M)
+    block = tl.program_id(2) * tl.num_programs(0) + pid_n  # this (row, column) block's counter
+    offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
     n_mask = offs_n < N
@@ -64,11 +67,9 @@ def _decode_linear_kernel(
             mask=n_mask[:, None] & k_mask[None, :],
             other=0.0,
         )
-        if FP8_MMA:  # both in e4m3: the tensor cores' FP8 MMA, taken into fp32 every BLOCK_K
+        if X_FP8:  # both in e4m3: the tensor cores' FP8 MMA, taken into fp32 every BLOCK_K
             acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=BLOCK_K)
         else:
-            if X_FP8:  # e4m3 activations (a scale per row) at a few rows: widened like w
-                x = widen_e4m3(x, y_ptr.dtype.element_ty, FAST_WIDEN, False)
             if FP8:  # e4m3 -> bf16/fp16/fp32 is exact
                 w = widen_e4m3(w, x.dtype, FAST_WIDEN, False)
             if IEEE:  # fp32 activations (exactness tests): no TF32 rounding
@@ -83,12 +84,12 @@ def _decode_linear_kernel(
         mn_mask = m_mask[:, None] & n_mask[None, :]
         tl.store(part + tl.program_id(1) * M * N, acc, mask=mn_mask)
         tl.debug_barrier()  # every thread's partial stores before the release below
-        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+        arrived = tl.atomic_add(count_ptr + block, 1, sem="acq_rel")
         if arrived == SPLIT_K - 1:
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for s in range(SPLIT_K):  # .cg: read from L2, where the other programs wrote
                 acc += tl.load(part + s * M * N, mask=mn_mask, other=0.0, cache_modifier=".cg")
-            tl.atomic_xchg(count_ptr + pid_n, 0)
+            tl.atomic_xchg(count_ptr + block, 0)
             _finish(
                 acc, s_ptr, xs_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym,
                 FP8, X_FP8, HAS_BIAS,
@@ -211,22 +212,26 @@ def decode_linear(
 
 
 # FP8 activations too (EngineConfig.activation_quantization="fp8"): x8 [M, K] in e4m3 with a
-# power-of-two scale per row. At a few rows both operands are widened, as for FP8 weights alone
-# (the FP8 MMA was no faster there); from FP8_NARROW_MAX_ROWS + 1 to W8A8_MAX_ROWS rows the
-# tensor cores' FP8 MMA reads both as stored, with 64-column blocks and K split until a launch has
-# W8A8_MIN_PROGRAMS programs (bench_gemm.py --w8a8 on one H200 at 64 rows, Qwen3-8B's shapes: the
-# best of 48 tile choices was 64 columns everywhere, K split in 2 for q/k/v, 4 for o and down,
-# unsplit for gate/up: 0.61-0.74x of bf16's GEMMs a layer; docs/performance.md).
+# power-of-two scale per row, and the product on the tensor cores' FP8 MMA, which reads both
+# operands as stored. From W8A8_MIN_ROWS to W8A8_MAX_ROWS rows: at fewer, the FP8-weight kernel
+# over the dequantized rows is faster (bench_gemm.py --w8a8 on one H200, docs/performance.md),
+# and the caller (fp8_weights.fp8_linear) sends them there.
+W8A8_MIN_ROWS = FP8_NARROW_MAX_ROWS + 1
 W8A8_MAX_ROWS = 128
-W8A8_MIN_PROGRAMS = 192
 
 
-def _fp8_mma_tiles(rows: int, n: int) -> tuple[int, ...]:
+def _fp8_mma_tiles(rows: int, n: int, k: int) -> tuple[tuple[int, ...], int]:
+    """((BLOCK_N, BLOCK_K, stages, K split, warps), BLOCK_M), from bench_gemm.py --w8a8's sweep
+    of Qwen3-8B's shapes at 32, 64 and 128 rows: 64-column blocks, row blocks of up to 64, K
+    split until the launch has enough programs (more at 32 rows, where each does less) and no
+    slice is longer than 4,096."""
     block_n, block_k, split_k = 64, 128, 1
-    while triton.cdiv(n, block_n) * split_k < W8A8_MIN_PROGRAMS and split_k < 8:
+    programs = 256 if rows <= 32 else 96
+    while split_k < 8 and (triton.cdiv(n, block_n) * split_k < programs or k // split_k > 4096):
         split_k *= 2
-    stage = (_block_m(rows) + block_n) * block_k
-    return block_n, block_k, min(5 if split_k > 1 else 3, SHARED_MEMORY_BUDGET // stage), split_k, 4
+    block_m = min(64, _block_m(rows))
+    stages = min(3, SHARED_MEMORY_BUDGET // ((block_m + block_n) * block_k))
+    return (block_n, block_k, stages, split_k, 4), block_m
 
 
 def fp8_mma_available(device: torch.device) -> bool:
@@ -234,6 +239,7 @@ def fp8_mma_available(device: torch.device) -> bool:
     return (
         device.type == "cuda"
         and torch.version.hip is None
+        and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
         and torch.cuda.get_device_capability(device) >= (8, 9)
     )
 
@@ -249,33 +255,26 @@ def w8a8_linear(
 ) -> torch.Tensor:
     """F.linear(x8 * x_scale, weight, bias) in weight's dtype, where x8 [..., K] is e4m3 with a
     power-of-two scale per row (`torch_fp8.quantize_rows`) and weight == fp8_weight * fp8_scale:
-    by the Triton kernel reading both FP8 forms up to W8A8_MAX_ROWS rows, else (more rows, off
-    CUDA) F.linear over the dequantized activations, which are exact in bf16. Both compute the
-    same products; only the summation order differs."""
+    by the FP8 MMA at W8A8_MIN_ROWS to W8A8_MAX_ROWS rows of bf16 or fp16, else F.linear over
+    the dequantized activations, which are exact in bf16. Both compute the same products; only
+    the summation order differs (and the MMA's, which adds each 128 of K at its own precision
+    before taking the sum into fp32)."""
     k = x8.shape[-1]
     rows = x8.numel() // k if k else 0
     if (
-        rows == 0
-        or rows > W8A8_MAX_ROWS
+        not W8A8_MIN_ROWS <= rows <= W8A8_MAX_ROWS
+        or weight.dtype not in (torch.bfloat16, torch.float16)
         or not supported(fp8_weight)
-        or fp8_weight.dtype != FP8_DTYPE
-        or weight.dtype not in (torch.bfloat16, torch.float16, torch.float32)
+        or not fp8_mma_available(x8.device)
     ):
         x = (x8.float() * x_scale[..., None]).to(weight.dtype)
         return F.linear(x, weight, bias)
     n = weight.shape[0]
-    x2 = x8.reshape(rows, k).contiguous()
     y = torch.empty(rows, n, dtype=weight.dtype, device=x8.device)
-    # fp32 (the exactness tests) stays on the widened path, summed in IEEE fp32
-    fp8_mma = (
-        rows > FP8_NARROW_MAX_ROWS
-        and weight.dtype != torch.float32
-        and fp8_mma_available(x8.device)
-    )
-    tiles = _fp8_mma_tiles(rows, n) if fp8_mma else _tiles(rows, n, weight_bytes=1, x_bytes=1)
+    tiles, block_m = _fp8_mma_tiles(rows, n, k)
     launch(
-        x2, fp8_weight, bias, y, *tiles,
-        scale=fp8_scale, x_scale=x_scale.reshape(rows).float().contiguous(), fp8_mma=fp8_mma,
+        x8.reshape(rows, k).contiguous(), fp8_weight, bias, y, *tiles,
+        scale=fp8_scale, x_scale=x_scale.reshape(rows).float().contiguous(), block_m=block_m,
     )  # fmt: skip
     return y.view(*x8.shape[:-1], n)
 
@@ -287,37 +286,38 @@ def _(x8, x_scale, weight, bias, fp8_weight, fp8_scale) -> torch.Tensor:
 
 def launch(
     x, weight, bias, y, block_n: int, block_k: int, stages: int, split_k: int = 1, warps: int = 4,
-    *, scale=None, x_scale=None, fp8_mma: bool = False,
+    *, scale=None, x_scale=None, block_m: int | None = None,
 ) -> None:  # fmt: skip
     """y[M, N] = x[M, K] @ weight[N, K].T (+ bias) with the given tiles (bench_gemm.py sweeps
     them); with `scale` [N], weight is FP8 and y = (x @ weight.T) * scale (+ bias); with
-    `x_scale` [M] too, x is FP8 and each row of y is multiplied by its scale, the product taken
-    by the FP8 MMA with `fp8_mma` (else both widened to y's dtype). `split_k` slices K over that
-    many programs per column block (whole BLOCK_K tiles each, else no split)."""
+    `x_scale` [M] too, x is FP8 as well, the product is the FP8 MMA's and each row of y is
+    multiplied by its scale. `split_k` slices K over that many programs per column block (whole
+    BLOCK_K tiles each, else no split); `block_m` rows a program (default: all of them)."""
     rows, k = x.shape
     n = weight.shape[0]
-    column_blocks = triton.cdiv(n, block_n)
+    block_m = block_m or _block_m(rows)
+    column_blocks, row_blocks = triton.cdiv(n, block_n), triton.cdiv(rows, block_m)
     if split_k > 1 and k % (split_k * block_k) == 0:
-        counters = _split_counters(x.device, column_blocks)
+        counters = _split_counters(x.device, column_blocks * row_blocks)
         split_k = split_k if counters is not None else 1
     else:
         split_k, counters = 1, None
     partials = (
         y if split_k == 1 else torch.empty(split_k, rows, n, dtype=torch.float32, device=x.device)
     )
-    _decode_linear_kernel[(column_blocks, split_k)](
+    _decode_linear_kernel[(column_blocks, split_k, row_blocks)](
         x, weight, scale if scale is not None else y, x_scale if x_scale is not None else y,
         bias if bias is not None else y, y, partials, counters if counters is not None else y,
         rows, n, k, x.stride(0), weight.stride(0), y.stride(0),
-        FP8=scale is not None, X_FP8=x_scale is not None, FP8_MMA=fp8_mma, IEEE=y.dtype == torch.float32,
+        FP8=scale is not None, X_FP8=x_scale is not None, IEEE=y.dtype == torch.float32,
         HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
-        SPLIT_K=split_k, BLOCK_M=_block_m(rows), BLOCK_N=block_n, BLOCK_K=block_k,
+        SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         FAST_WIDEN=scale is not None and fast_widen(y.dtype, x.device),
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
 
-# One arrival counter per column block and device, zero between launches (the last program of
+# One arrival counter per (row, column) block and device, zero between launches (the last program of
 # each block re-arms its own). Launches that split K run one at a time on a device: the engine's
 # forward passes are queued on one stream.
 _COUNTERS: dict[torch.device, torch.Tensor] = {}

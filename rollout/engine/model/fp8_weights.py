@@ -42,6 +42,9 @@ from rollout.kernels.torch_fp8 import FP8_DTYPE, dequantize_rows, quantize_rows,
 
 _FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}
 _EXPERT_TENSORS = ("gate_up_proj", "down_proj")
+# The rows at which FP8 activations are multiplied by the FP8 MMA (triton_linear's bounds, read
+# when a model on a GPU is quantized; none before).
+_W8A8_ROWS = (1, 0)
 
 
 @dataclass
@@ -213,6 +216,8 @@ def quantize_model(
         from rollout.kernels import triton_linear
 
         triton_linear.prepare_split_k(cuda)
+        global _W8A8_ROWS
+        _W8A8_ROWS = (triton_linear.W8A8_MIN_ROWS, triton_linear.W8A8_MAX_ROWS)
     for name, module, attribute in tensors:
         tensor = getattr(module, attribute)
         q = torch.empty(tensor.shape, dtype=FP8_DTYPE, device=tensor.device)
@@ -294,9 +299,12 @@ def fp8_linear(
     q, scale, round_inputs = fp8
     if round_inputs:
         x8, x_scale = quantize_rows(x)
-        if x.is_cuda:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if x.is_cuda and _W8A8_ROWS[0] <= rows <= _W8A8_ROWS[1]:
             return torch.ops.rollout.w8a8_linear(x8, x_scale, weight, bias, q, scale)
-        return F.linear(dequantize_rows(x8, x_scale, x.dtype), weight, bias)
+        # fewer rows (the FP8-weight kernel is faster there) or more (prefill): the rounded
+        # rows in x's dtype, exactly, computed in the same kernel as the rounding when compiled
+        x = dequantize_rows(x8, x_scale, x.dtype)
     if x.is_cuda:
         return torch.ops.rollout.decode_linear(x, weight, bias, q, scale, triton_bf16)
     return F.linear(x, weight, bias)
