@@ -214,23 +214,33 @@ def decode_linear(
 # FP8 activations too (EngineConfig.activation_quantization="fp8"): x8 [M, K] in e4m3 with a
 # power-of-two scale per row, and the product on the tensor cores' FP8 MMA, which reads both
 # operands as stored. From W8A8_MIN_ROWS to W8A8_MAX_ROWS rows: at fewer, the FP8-weight kernel
-# over the dequantized rows is faster (bench_gemm.py --w8a8 on one H200, docs/performance.md),
-# and the caller (fp8_weights.fp8_linear) sends them there.
+# over the dequantized rows is faster (bench_gemm.py --w8a8 on one H200, 8 and 16 rows: q/k/v
+# 13.7 against 19.2 us with x widened in the kernel; docs/performance.md), and the caller
+# (fp8_weights.fp8_linear) sends them there.
 W8A8_MIN_ROWS = FP8_NARROW_MAX_ROWS + 1
 W8A8_MAX_ROWS = 128
 
 
 def _fp8_mma_tiles(rows: int, n: int, k: int) -> tuple[tuple[int, ...], int]:
     """((BLOCK_N, BLOCK_K, stages, K split, warps), BLOCK_M), from bench_gemm.py --w8a8's sweep
-    of Qwen3-8B's shapes at 32, 64 and 128 rows: 64-column blocks, row blocks of up to 64, K
-    split until the launch has enough programs (more at 32 rows, where each does less) and no
-    slice is longer than 4,096."""
-    block_n, block_k, split_k = 64, 128, 1
+    of Qwen3-8B's shapes at 32, 64, 96 and 128 rows (one H200): 64-column blocks in row blocks of
+    up to 64; K split until the launch has enough programs (more at up to 32 rows, where each
+    does less), and in one row block until no slice is longer than 4,096; deep pipelines for the
+    narrow outputs' unsplit or halved K. Wide outputs at more than 64 rows: 128 x 128 blocks,
+    each weight tile read once for all rows."""
+    wide = n >= FP8_MIN_COLUMNS
+    if wide and rows > 64:
+        return (128, 128, 3, 1, 4), 128
+    block_n, block_k, block_m = 64, 128, min(64, _block_m(rows))
     programs = 256 if rows <= 32 else 96
-    while split_k < 8 and (triton.cdiv(n, block_n) * split_k < programs or k // split_k > 4096):
+    row_blocks = triton.cdiv(rows, block_m)
+    split_k = 1
+    while split_k < 8 and (
+        triton.cdiv(n, block_n) * split_k * row_blocks < programs
+        or (row_blocks == 1 and k // split_k > 4096)
+    ):
         split_k *= 2
-    block_m = min(64, _block_m(rows))
-    stages = min(3, SHARED_MEMORY_BUDGET // ((block_m + block_n) * block_k))
+    stages = 5 if not wide and split_k <= 2 else 3
     return (block_n, block_k, stages, split_k, 4), block_m
 
 
