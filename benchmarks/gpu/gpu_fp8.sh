@@ -34,6 +34,8 @@
 #            tile choices from 17 rows (W8A8_ROWS: 8 16 32 64 128)
 #   drift-w8a8 FP8 weights, activations and LM head against the bf16 trainer (Qwen3-8B shape),
 #            then FP8 weights alone in the same call
+#   drift-head FP8 weights and LM head against the bf16 trainer (Qwen3-8B shape)
+#   grpo-head  the grpo workload on the Qwen3-8B shape: FP8 weights, KV cache and LM head
 #   grpo-bf16  the grpo workload on the Qwen3-8B shape in bf16 alone
 #   grpo-w8a8  the same with FP8 weights, KV cache, activations and LM head (GRPO_W8A8_EXTRA:
 #            more --engine overrides)
@@ -173,6 +175,13 @@ for part in "$@"; do
           --weight-quantization fp8 $extra --samples ${SAMPLES:-4} --length ${LENGTH:-4096} \
           --json-out "$OUT_DIR/drift_${tag}_qwen3-8b.json"
       done ;;
+    drift-head) run drift_head_qwen3-8b 300 benchmarks/bench_mismatch.py --shape qwen3-8b \
+      --weight-quantization fp8 --fp8-lm-head --samples ${SAMPLES:-4} --length ${LENGTH:-4096} \
+      --json-out "$OUT_DIR/drift_head_qwen3-8b.json" ;;
+    grpo-head) run grpo_qwen3-8b_fp8_kv_head 240 benchmarks/bench_rollout.py --workload grpo \
+      --modes overlap --engine weight_quantization=fp8 --engine kv_cache_dtype=fp8 \
+      --engine fp8_lm_head=true --json-out "$OUT_DIR/grpo_qwen3-8b_fp8_kv_head.json" \
+      --plot-out "$PLOT_DIR/grpo_qwen3-8b_fp8_kv_head.png" ;;
     grpo-bf16) run grpo_qwen3-8b_bf16 240 benchmarks/bench_rollout.py --workload grpo --modes overlap \
       --json-out "$OUT_DIR/grpo_qwen3-8b_bf16.json" --plot-out "$PLOT_DIR/grpo_qwen3-8b_bf16.png" ;;
     grpo-w8a8)
