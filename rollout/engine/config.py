@@ -103,17 +103,19 @@ class EngineConfig:
     refused: merged into the rounded base, every update smaller than half an e4m3 step (most of
     a LoRA's) would vanish in the second rounding. The GRPO job turns it on for LoRA."""
     fp8_lm_head: bool = False
-    """With weight_quantization="fp8": the LM head rounded and read as FP8 too (its own weight
-    only: a head tied to the input embeddings is refused). At a few running sequences it is a
-    tenth of a decode step's read: 0.15 ms a step on the Qwen3-8B shape (docs/performance.md).
-    The logits then come from the rounded head, whose drift bench_mismatch.py measures."""
+    """With weight_quantization="fp8": the LM head rounded and read as FP8 too where that pays
+    (up to 32 rows; a head tied to the input embeddings is refused). At a few running sequences
+    it is a tenth of a decode step's read (158 against 290 us on the Qwen3-8B shape); its drift to
+    bf16 was not measurable beside the weights' (docs/performance.md)."""
     activation_quantization: str = "none"
     """"fp8", with weight_quantization="fp8": every quantized projection of the decoder layers
     rounds its input too, each row to e4m3 with a power-of-two scale of its own, at every batch
-    size and in prefill, so the decode GEMMs from 17 rows run on the tensor cores' FP8 MMA
-    (0.6-0.75x of bf16's GEMMs a layer at 32-128 rows, where FP8 weights alone gain nothing).
-    A larger change of the model than the weights' rounding (docs/performance.md has the drift);
-    dense models only (MoE experts are refused). The LM head's input is not rounded."""
+    size and in prefill, so the decode GEMMs from 17 to 128 rows run on the tensor cores' FP8 MMA
+    (0.72-0.74x of bf16's GEMMs a layer at 32-64 rows, 0.9x at 96-128, where FP8 weights alone
+    gain nothing). On the Qwen3-8B shape's grpo workload: 8% faster steps at 32-63 running, 4-7%
+    slower ones under 16 (the rounding's own kernels), twice the drift to bf16 of FP8 weights
+    alone (docs/performance.md). Dense models only (MoE experts are refused); the LM head's
+    input is not rounded."""
     kv_cache_dtype: str = "auto"
     """"auto": the model's dtype; "fp8": keys and values stored as e4m3 with a power-of-two scale
     per token and KV head, written by the attention's KV write and widened by its reads, so the

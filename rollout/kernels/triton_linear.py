@@ -19,6 +19,10 @@ With FP8 weights the weight tile is loaded as e4m3 (half the bytes: decode's flo
 widened to the activations' dtype in registers, exactly; each fp32 accumulator column is scaled
 once at the end. The engine keeps the weight itself as the values the FP8 form stands for, so the
 F.linear of a prefill and this kernel compute the same model.
+
+With FP8 activations as well (`w8a8_linear`, EngineConfig.activation_quantization="fp8") the rows
+come rounded to e4m3 with a scale each, and both operands go to the tensor cores' FP8 MMA as
+stored, the rows' and the columns' scales applied once at the end.
 """
 
 from __future__ import annotations
