@@ -203,6 +203,7 @@ def quantize_model(
     too; `activations`: the decoder layers' projections round their inputs (module docstring)."""
     weights = Fp8Weights()
     tensors = quantized_tensors(model, lm_head)
+    clear_fp8(model)  # an earlier engine's copies, of a head this one leaves alone say, go
     head = model.get_output_embeddings()
     experts = [name for name, _, attribute in tensors if attribute in _EXPERT_TENSORS]
     if activations and experts:
@@ -235,9 +236,9 @@ def quantize_model(
             setattr(module, f"_fp8_{attribute.removesuffix('_weight')}", fp8)
         elif attribute == "weight":
             module._fp8 = fp8
-            if not hasattr(module, "_plain_forward"):
+            if not hasattr(module, "_plain_forward"):  # (the LM head's may be routed already)
                 module._plain_forward = module.forward
-                module.forward = _fp8_linear_forward.__get__(module)
+            module.forward = _fp8_linear_forward.__get__(module)
         else:  # experts
             setattr(module, f"_fp8_{attribute}", (q, scale))
     weights.keep_unrounded()
