@@ -241,3 +241,22 @@ def test_a_later_engine_without_the_fp8_head_drops_its_copy() -> None:
     prompts = random_prompts((5, 12), seed=9)
     results = engine.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0))
     assert [r.token_ids for r in results] == [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+
+
+def test_speculation_with_rounded_inputs_emits_the_plain_tokens() -> None:
+    """Each row is rounded on its own, so a verification (more rows a step) computes each
+    token as a plain step does: the drafted run emits the plain run's tokens."""
+    model = tiny_model("qwen3", seed=10)
+    prompts = [p * 3 for p in random_prompts((4, 6, 9), seed=11)]  # repeats: n-grams to draft
+    for params in (
+        SamplingParams(max_tokens=30, temperature=0),
+        SamplingParams(max_tokens=30, temperature=0.7, n=2, seed=4),
+    ):
+        plain = engine_for(model, W8A8).generate(prompts, params)
+        engine = engine_for(model, W8A8, speculative="ngram", speculative_max_seqs=8)
+        engine.debug_internals().scheduler.speculation.max_pause = 0  # try every step
+        drafted = engine.generate(prompts, params)
+        assert [r.token_ids for r in drafted] == [r.token_ids for r in plain]
+        for a, b in zip(drafted, plain, strict=True):
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs))
+        assert engine.stats().speculation.verifications > 0
