@@ -314,4 +314,5 @@ def fp8_linear(
 def _fp8_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled():  # training: the plain nn.Linear, with gradients
         return self._plain_forward(x)
-    return fp8_linear(x, self.weight, self.bias, self._fp8)
+    # our bf16 decode GEMM where FP8 does not pay, for the linears routed to it (the LM head)
+    return fp8_linear(x, self.weight, self.bias, self._fp8, getattr(self, "_decode_linear", False))

@@ -96,6 +96,7 @@ def route_decode_linears(model: nn.Module) -> int:
                 routed += 1
     head = model.get_output_embeddings()
     if isinstance(head, nn.Linear) and triton_linear.supported(head.weight):
+        head._decode_linear = True  # read by an FP8 head's forward where its FP8 copy does not pay
         if not hasattr(head, "_plain_forward"):
             head._plain_forward = head.forward
             head.forward = types.MethodType(_decode_head_forward, head)
