@@ -84,15 +84,24 @@ def test_bf16_logprobs_are_the_rounded_models_to_bf16_precision(arch: str) -> No
     reference = rounded_copy(model)
     engine = engine_for(model, ON_GPU, dtype="bfloat16", num_kv_blocks=200, compile_model=True)
     params = SamplingParams(max_tokens=40, temperature=1.0, seed=2)
+    diffs = logprob_differences(reference, PROMPTS, engine.generate(PROMPTS, params))
+    assert diffs.median() < 0.02 and diffs.max() < 0.25, (diffs.median(), diffs.max())
+
+
+def logprob_differences(reference, prompts: list[list[int]], results) -> torch.Tensor:
+    """|engine logprob - reference logprob| of every sampled token; `results` in prompt order,
+    each prompt's samples in turn."""
+    device = next(reference.parameters()).device
+    per_prompt = len(results) // len(prompts)
     diffs = []
-    for prompt, result in zip(PROMPTS, engine.generate(PROMPTS, params), strict=True):
-        ids = torch.tensor([prompt + result.token_ids], device="cuda")
+    for i, result in enumerate(results):
+        prompt = prompts[i // per_prompt]
+        ids = torch.tensor([prompt + result.token_ids], device=device)
         with torch.no_grad():
             logits = reference(ids).logits[0, len(prompt) - 1 : -1].float()
         want = torch.log_softmax(logits, -1).gather(1, ids[0, len(prompt) :, None])[:, 0]
-        diffs.append((torch.tensor(result.logprobs, device="cuda") - want).abs())
-    diffs = torch.cat(diffs)
-    assert diffs.median() < 0.02 and diffs.max() < 0.25, (diffs.median(), diffs.max())
+        diffs.append((torch.tensor(result.logprobs, device=device) - want).abs())
+    return torch.cat(diffs)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
@@ -523,15 +532,7 @@ def test_bf16_rounded_inputs_through_the_fp8_mma_are_the_rounded_models(
     params = SamplingParams(max_tokens=40, temperature=1.0, n=4, seed=2)
     results = engine.generate(PROMPTS, params)
     assert counts["fp8_activations"] and counts["fp8_weights"]
-    diffs = []
-    prompts = [p for p in PROMPTS for _ in range(params.n)]  # results: each prompt's n in turn
-    for prompt, result in zip(prompts, results, strict=True):
-        ids = torch.tensor([prompt + result.token_ids], device="cuda")
-        with torch.no_grad():
-            logits = reference(ids).logits[0, len(prompt) - 1 : -1].float()
-        want = torch.log_softmax(logits, -1).gather(1, ids[0, len(prompt) :, None])[:, 0]
-        diffs.append((torch.tensor(result.logprobs, device="cuda") - want).abs())
-    diffs = torch.cat(diffs)
+    diffs = logprob_differences(reference, PROMPTS, results)
     assert diffs.median() < 0.02 and diffs.max() < 0.25, (diffs.median(), diffs.max())
     eager = engine_for(model, ON_GPU, cuda_graphs=False, **ROUNDED_INPUTS, **settings)
     again = eager.generate(PROMPTS, params)

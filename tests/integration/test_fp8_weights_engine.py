@@ -25,6 +25,8 @@ SETTINGS = dict(
     dtype="float32",
     weight_quantization="fp8",
 )
+# FP8 activations and LM head too
+W8A8 = dict(SETTINGS, activation_quantization="fp8", fp8_lm_head=True)
 PROMPT_LENGTHS = (1, 4, 9, 17, 30)
 MAX_NEW = 20
 ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe"]
@@ -52,11 +54,12 @@ def test_the_engine_serves_the_fp8_rounded_model_exactly(arch: str, overlap: boo
         assert torch.equal(dequantize_rows(w.q, w.scale, w.weight.dtype), w.weight), w.name
 
 
-def test_sampled_logprobs_are_the_rounded_models() -> None:
+@pytest.mark.parametrize("more", [False, True], ids=["weights", "with_head_and_inputs"])
+def test_sampled_logprobs_are_the_rounded_models(more: bool) -> None:
     model = tiny_model("qwen3", seed=6)
-    reference = rounded_copy(model)
+    reference = rounded_copy(model, lm_head=more, round_inputs=more)
     prompt = random_prompts((7,), seed=3)[0]
-    engine = engine_for(model, SETTINGS)
+    engine = engine_for(model, W8A8 if more else SETTINGS)
     [result] = engine.generate([prompt], SamplingParams(max_tokens=12, temperature=1.0, seed=4))
     with torch.no_grad():
         logits = reference(torch.tensor([prompt + result.token_ids])).logits[0]
@@ -166,9 +169,6 @@ def test_routers_and_linear_subclasses_stay_unrounded(family: str) -> None:
     assert any("experts" in n for n in changed) and any("q_proj" in n for n in changed)
 
 
-W8A8 = dict(SETTINGS, activation_quantization="fp8", fp8_lm_head=True)
-
-
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 def test_rounded_inputs_and_head_serve_their_model_exactly(arch: str, overlap: bool) -> None:
@@ -188,19 +188,6 @@ def test_rounded_inputs_and_head_serve_their_model_exactly(arch: str, overlap: b
     # and not the model with unrounded inputs: the rounding is there to be seen
     weights_only = rounded_copy(model, lm_head=True)
     assert [r.token_ids for r in results] != [hf_greedy(weights_only, p, MAX_NEW) for p in prompts]
-
-
-def test_rounded_inputs_sample_the_rounded_models_logprobs() -> None:
-    model = tiny_model("qwen3", seed=6)
-    reference = rounded_copy(model, lm_head=True, round_inputs=True)
-    prompt = random_prompts((7,), seed=3)[0]
-    engine = engine_for(model, W8A8)
-    [result] = engine.generate([prompt], SamplingParams(max_tokens=12, temperature=1.0, seed=4))
-    with torch.no_grad():
-        logits = reference(torch.tensor([prompt + result.token_ids])).logits[0]
-    logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
-    want = logprobs.gather(1, torch.tensor(result.token_ids)[:, None])[:, 0]
-    torch.testing.assert_close(torch.tensor(result.logprobs), want, rtol=1e-5, atol=1e-5)
 
 
 def test_fp8_extensions_need_fp8_weights_and_a_model_they_fit() -> None:
