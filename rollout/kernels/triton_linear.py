@@ -34,6 +34,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from rollout.kernels.tiling import W8A8_MAX_ROWS, W8A8_MIN_ROWS
 from rollout.kernels.torch_fp8 import FP8_DTYPE
 from rollout.kernels.triton_fp8_widen import fast_widen, widen_e4m3
 
@@ -221,8 +222,6 @@ def decode_linear(
 # over the dequantized rows is faster (bench_gemm.py --w8a8 on one H200, 8 and 16 rows: q/k/v
 # 13.7 against 19.2 us with x widened in the kernel; docs/performance.md), and the caller
 # (fp8_weights.fp8_linear) sends them there.
-W8A8_MIN_ROWS = FP8_NARROW_MAX_ROWS + 1
-W8A8_MAX_ROWS = 128
 
 
 def _fp8_mma_tiles(rows: int, n: int, k: int) -> tuple[tuple[int, ...], int]:

@@ -38,13 +38,11 @@ from torch import nn
 from rollout.engine.model.capabilities import UnsupportedModelError
 from rollout.engine.model.fused_experts import experts_modules
 from rollout.engine.model.loader import decoder_layers
+from rollout.kernels.tiling import W8A8_MAX_ROWS, W8A8_MIN_ROWS
 from rollout.kernels.torch_fp8 import FP8_DTYPE, dequantize_rows, quantize_rows, round_to_fp8_
 
 _FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}
 _EXPERT_TENSORS = ("gate_up_proj", "down_proj")
-# The rows at which FP8 activations are multiplied by the FP8 MMA (triton_linear's bounds, read
-# when a model on a GPU is quantized; none before).
-_W8A8_ROWS = (1, 0)
 
 
 @dataclass
@@ -203,7 +201,7 @@ def quantize_model(
     too; `activations`: the decoder layers' projections round their inputs (module docstring)."""
     weights = Fp8Weights()
     tensors = quantized_tensors(model, lm_head)
-    clear_fp8(model)  # an earlier engine's copies, of a head this one leaves alone say, go
+    clear_fp8(model)  # an earlier engine's copies go (one of a head left alone here would be stale)
     head = model.get_output_embeddings()
     experts = [name for name, _, attribute in tensors if attribute in _EXPERT_TENSORS]
     if activations and experts:
@@ -217,8 +215,6 @@ def quantize_model(
         from rollout.kernels import triton_linear
 
         triton_linear.prepare_split_k(cuda)
-        global _W8A8_ROWS
-        _W8A8_ROWS = (triton_linear.W8A8_MIN_ROWS, triton_linear.W8A8_MAX_ROWS)
     for name, module, attribute in tensors:
         tensor = getattr(module, attribute)
         q = torch.empty(tensor.shape, dtype=FP8_DTYPE, device=tensor.device)
@@ -301,7 +297,7 @@ def fp8_linear(
     if round_inputs:
         x8, x_scale = quantize_rows(x)
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if x.is_cuda and _W8A8_ROWS[0] <= rows <= _W8A8_ROWS[1]:
+        if x.is_cuda and W8A8_MIN_ROWS <= rows <= W8A8_MAX_ROWS:
             return torch.ops.rollout.w8a8_linear(x8, x_scale, weight, bias, q, scale)
         # fewer rows (the FP8-weight kernel is faster there) or more (prefill): the rounded
         # rows in x's dtype, exactly, computed in the same kernel as the rounding when compiled
