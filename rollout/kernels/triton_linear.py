@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from rollout.kernels.tiling import W8A8_MAX_ROWS, W8A8_MIN_ROWS
-from rollout.kernels.torch_fp8 import FP8_DTYPE
+from rollout.kernels.torch_fp8 import FP8_DTYPE, dequantize_rows
 from rollout.kernels.triton_fp8_widen import fast_widen, widen_e4m3
 
 MAX_ROWS = 64
@@ -280,8 +280,7 @@ def w8a8_linear(
         or not supported(fp8_weight)
         or not fp8_mma_available(x8.device)
     ):
-        x = (x8.float() * x_scale[..., None]).to(weight.dtype)
-        return F.linear(x, weight, bias)
+        return F.linear(dequantize_rows(x8, x_scale, weight.dtype), weight, bias)
     n = weight.shape[0]
     y = torch.empty(rows, n, dtype=weight.dtype, device=x8.device)
     tiles, block_m = _fp8_mma_tiles(rows, n, k)
