@@ -176,7 +176,7 @@ def profile_steps(engine, steps: int, wall_ms: float, prefix: str = "") -> dict:
         f"{prefix}by_kind_ms": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
         f"{prefix}top_kernels": [
             {"ms": ms, "calls": calls, "kind": kind, "name": name}
-            for ms, calls, kind, name in top[:12]
+            for ms, calls, kind, name in top[:24]
         ],
     }
 
