@@ -47,6 +47,40 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+ACTIVATION_GROUP = 128
+"""activation_quantization="fp8-group": a scale per this many consecutive inputs of a row (the
+FP8 MMA GEMM's K tile, so each tile's products take one scale a row)."""
+
+
+def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q in e4m3 of x's shape, scale [..., ceil(K / ACTIVATION_GROUP)] fp32): each run of
+    ACTIVATION_GROUP consecutive elements of a row (the last may be shorter) rounded with a
+    power-of-two scale of its own, by `quantize_rows`' rule. A row's outliers then coarsen only
+    their own group, not the whole row."""
+    k = x.shape[-1]
+    groups = -(-k // ACTIVATION_GROUP)
+    padded = F.pad(x, (0, groups * ACTIVATION_GROUP - k)) if k % ACTIVATION_GROUP else x
+    q, scale = quantize_rows(padded.reshape(*x.shape[:-1], groups, ACTIVATION_GROUP))
+    return q.reshape(*x.shape[:-1], groups * ACTIVATION_GROUP)[..., :k], scale
+
+
+def dequantize_groups(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The values `quantize_groups`' output stands for, in `dtype` (exact in bf16). In the same
+    [..., groups, ACTIVATION_GROUP] view as the rounding, so that torch.compile makes one kernel
+    of both."""
+    k, groups = q.shape[-1], scale.shape[-1]
+    if groups != -(-k // ACTIVATION_GROUP):
+        raise ValueError(
+            f"dequantize_groups: {groups} scales a row for {k} elements; groups of "
+            f"{ACTIVATION_GROUP} need {-(-k // ACTIVATION_GROUP)}"
+        )
+    padded = q.float()
+    if k % ACTIVATION_GROUP:
+        padded = F.pad(padded, (0, groups * ACTIVATION_GROUP - k))
+    tiles = padded.reshape(*q.shape[:-1], groups, ACTIVATION_GROUP) * scale[..., None]
+    return tiles.reshape(*q.shape[:-1], groups * ACTIVATION_GROUP)[..., :k].to(dtype)
+
+
 def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys or values [..., head_dim] in e4m3 with a power-of-two scale per (token, head): what
     the FP8 KV cache stores (the scale from `pow2_scales`, the rows multiplied by its exact

@@ -4,13 +4,17 @@ GPU tests)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rollout.kernels.torch_fp8 import (
+    ACTIVATION_GROUP,
     FP8_DTYPE,
     FP8_MAX,
+    dequantize_groups,
     dequantize_rows,
     fp8_linear_reference,
+    quantize_groups,
     quantize_rows,
     round_to_fp8_,
 )
@@ -38,6 +42,27 @@ def test_expert_weights_get_one_scale_per_expert_row() -> None:
     q, scale = quantize_rows(experts)
     assert q.shape == experts.shape and scale.shape == (4, 6)
     assert torch.allclose(dequantize_rows(q, scale, torch.float32), experts, rtol=0.07, atol=1e-3)
+
+
+def test_groups_of_a_row_round_as_rows_of_their_own() -> None:
+    """quantize_groups: each 128 inputs of a row (the last group shorter) get the scale a row of
+    them alone would, and the round trip is idempotent."""
+    g = torch.Generator().manual_seed(3)
+    k = 2 * ACTIVATION_GROUP + 44
+    x = torch.randn(2, 3, k, generator=g) * torch.tensor([1e-4, 1.0, 1e3])[:, None]
+    x[0, 0, ACTIVATION_GROUP : 2 * ACTIVATION_GROUP] = 0.0
+    q, scale = quantize_groups(x)
+    assert q.dtype == FP8_DTYPE and q.shape == x.shape and scale.shape == (2, 3, 3)
+    for start in range(0, k, ACTIVATION_GROUP):
+        group = x[..., start : start + ACTIVATION_GROUP]
+        q_alone, scale_alone = quantize_rows(group)
+        assert torch.equal(scale[..., start // ACTIVATION_GROUP], scale_alone)
+        assert torch.equal(q[..., start : start + ACTIVATION_GROUP].float(), q_alone.float())
+    back = dequantize_groups(q, scale, torch.float32)
+    assert torch.equal(dequantize_groups(*quantize_groups(back), torch.float32), back)
+    assert torch.equal(back.bfloat16().float(), back)  # exact in bf16
+    with pytest.raises(ValueError, match="3 scales a row for 100 elements"):
+        dequantize_groups(q[..., :100], scale, torch.float32)
 
 
 def test_the_fp8_gemm_off_the_gpu_is_the_rounded_weights_gemm() -> None:
