@@ -223,14 +223,19 @@ W8A8_SWEEP = [
 
 def _measure_w8a8(x, fp8, want, copies: int) -> dict:
     """The engine's W8A8 GEMM (`triton_linear.w8a8_linear`: x rounded to e4m3 with a scale per
-    row) at its tiles, its error against the fp32 GEMM of its rounded operands and against bf16
+    row, then with one per row and 128 of K) at its tiles, its error against the fp32 GEMM of its rounded operands and against bf16
     (the activations' rounding as well), and, from W8A8_MIN_ROWS, the best of W8A8_SWEEP (row
     blocks up to the rows' power of two)."""
     import torch
     import triton
 
     from rollout.kernels import triton_linear
-    from rollout.kernels.torch_fp8 import dequantize_rows, quantize_rows
+    from rollout.kernels.torch_fp8 import (
+        dequantize_groups,
+        dequantize_rows,
+        quantize_groups,
+        quantize_rows,
+    )
 
     m, n = x.shape[0], fp8[0][0].shape[0]
     if m < triton_linear.W8A8_MIN_ROWS:
@@ -245,6 +250,17 @@ def _measure_w8a8(x, fp8, want, copies: int) -> dict:
         ),
         "w8a8_error_to_twin": ((got - twin).norm() / twin.norm()).item(),
         "w8a8_rel_error": ((got - want).norm() / want.norm()).item(),
+    }
+    # the same with a scale per row and 128 of K (activation_quantization="fp8-group")
+    g8, g_scale = quantize_groups(x)
+    got = triton_linear.w8a8_linear(g8, g_scale, weight, None, *fp8[0]).float()
+    twin = dequantize_groups(g8, g_scale, torch.float32) @ weight.float().T
+    row |= {
+        "w8a8_groups_ms": time_in_graph(
+            lambda i: triton_linear.w8a8_linear(g8, g_scale, weight, None, *fp8[i]), copies
+        ),
+        "w8a8_groups_error_to_twin": ((got - twin).norm() / twin.norm()).item(),
+        "w8a8_groups_rel_error": ((got - want).norm() / want.norm()).item(),
     }
     y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     timed = {}
@@ -415,7 +431,10 @@ def main() -> None:
         if "w8a8_ms" in row:
             line += (
                 f" | W8A8 {row['w8a8_ms'] * 1e3:.1f} us (rel err {row['w8a8_rel_error']:.1e},"
-                f" to its twin {row['w8a8_error_to_twin']:.1e})"
+                f" to its twin {row['w8a8_error_to_twin']:.1e}), scales per 128"
+                f" {row['w8a8_groups_ms'] * 1e3:.1f} us (rel err"
+                f" {row['w8a8_groups_rel_error']:.1e}, to its twin"
+                f" {row['w8a8_groups_error_to_twin']:.1e})"
             )
         if "w8a8_sweep_best" in row:
             best_w8a8 = row["w8a8_sweep_best"]

@@ -443,9 +443,10 @@ def check_sampler() -> float:
 
 
 def check_w8a8_linear() -> float:
-    """The FP8-activation GEMM (activation_quantization="fp8": the FP8 MMA) against its twin, the
-    fp32 GEMM of the dequantized operands: x rows rounded to e4m3 with a scale each, whole and
-    split over K, one row block or several, ragged rows, columns and K, with and without bias."""
+    """The FP8-activation GEMM (activation_quantization="fp8" and "fp8-group": the FP8 MMA)
+    against its twin, the fp32 GEMM of the dequantized operands: x rounded to e4m3 with a scale
+    a row, or a row and 128 of K, whole and split over K, one row block or several, ragged rows,
+    columns and K, with and without bias."""
     from rollout.kernels import torch_fp8, triton_linear
 
     g = torch.Generator().manual_seed(3)
@@ -453,20 +454,24 @@ def check_w8a8_linear() -> float:
     for rows, n, k, use_bias in [(5, 100, 300, True), (20, 48, 512, False), (33, 40, 700, True)]:
         x = torch.randn(rows, k, generator=g)
         x[1] *= 1e-4
-        x8, x_scale = torch_fp8.quantize_rows(x)
+        x[2, 128:256] *= 8  # one group of a row above the rest: another scale
         q, scale = torch_fp8.quantize_rows(torch.randn(n, k, generator=g) * 0.02)
         bias = torch.randn(n, generator=g) if use_bias else None
-        want = torch_fp8.fp8_linear_reference(
-            torch_fp8.dequantize_rows(x8, x_scale, torch.float32), q, scale, bias
-        )
-        y = torch.empty(rows, n)
-        for block_m in (16, None):  # row blocks of 16, or one for all rows
-            for split_k in (1, 2):  # 2: where K is two whole tiles (512), else not split
-                triton_linear.launch(
-                    x8, q, bias, y, 32, 128, 2, split_k,
-                    scale=scale, x_scale=x_scale, block_m=block_m,
-                )  # fmt: skip
-                worst = max(worst, _error(y, want))
+        for grouped in (False, True):
+            quantize = torch_fp8.quantize_groups if grouped else torch_fp8.quantize_rows
+            dequantize = torch_fp8.dequantize_groups if grouped else torch_fp8.dequantize_rows
+            x8, x_scale = quantize(x)
+            want = torch_fp8.fp8_linear_reference(
+                dequantize(x8, x_scale, torch.float32), q, scale, bias
+            )
+            y = torch.empty(rows, n)
+            for block_m in (16, None):  # row blocks of 16, or one for all rows
+                for split_k in (1, 2):  # 2: where K is two whole tiles (512), else not split
+                    triton_linear.launch(
+                        x8, q, bias, y, 32, 128, 2, split_k,
+                        scale=scale, x_scale=x_scale, block_m=block_m,
+                    )  # fmt: skip
+                    worst = max(worst, _error(y, want))
     return worst
 
 

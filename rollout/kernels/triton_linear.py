@@ -35,7 +35,12 @@ import triton
 import triton.language as tl
 
 from rollout.kernels.tiling import W8A8_MAX_ROWS, W8A8_MIN_ROWS
-from rollout.kernels.torch_fp8 import FP8_DTYPE, dequantize_rows
+from rollout.kernels.torch_fp8 import (
+    ACTIVATION_GROUP,
+    FP8_DTYPE,
+    dequantize_groups,
+    dequantize_rows,
+)
 from rollout.kernels.triton_fp8_widen import fast_widen, widen_e4m3
 
 MAX_ROWS = 64
@@ -44,7 +49,8 @@ MAX_ROWS = 64
 @triton.jit
 def _decode_linear_kernel(
     x_ptr, w_ptr, s_ptr, xs_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn,
-    stride_ym, FP8: tl.constexpr, X_FP8: tl.constexpr, IEEE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    stride_ym, stride_xsm, FP8: tl.constexpr, X_FP8: tl.constexpr, X_GROUPS: tl.constexpr,
+    IEEE: tl.constexpr, HAS_BIAS: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, FAST_WIDEN: tl.constexpr,
 ):  # fmt: skip
@@ -72,7 +78,11 @@ def _decode_linear_kernel(
             mask=n_mask[:, None] & k_mask[None, :],
             other=0.0,
         )
-        if X_FP8:  # both in e4m3: the tensor cores' FP8 MMA, taken into fp32 every BLOCK_K
+        if X_FP8 and X_GROUPS:  # a scale per row and BLOCK_K of K: each tile's products take
+            # their rows' scales before joining the fp32 sums
+            xs = tl.load(xs_ptr + offs_m * stride_xsm + k0 // BLOCK_K, mask=m_mask, other=0.0)
+            acc += tl.dot(x, tl.trans(w), max_num_imprecise_acc=BLOCK_K) * xs[:, None]
+        elif X_FP8:  # both in e4m3: the tensor cores' FP8 MMA, taken into fp32 every BLOCK_K
             acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=BLOCK_K)
         else:
             if FP8:  # e4m3 -> bf16/fp16/fp32 is exact
@@ -97,21 +107,21 @@ def _decode_linear_kernel(
             tl.atomic_xchg(count_ptr + block, 0)
             _finish(
                 acc, s_ptr, xs_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym,
-                FP8, X_FP8, HAS_BIAS,
+                FP8, X_FP8 and not X_GROUPS, HAS_BIAS,
             )  # fmt: skip
     else:
         _finish(
             acc, s_ptr, xs_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym,
-            FP8, X_FP8, HAS_BIAS,
+            FP8, X_FP8 and not X_GROUPS, HAS_BIAS,
         )  # fmt: skip
 
 
 @triton.jit
 def _finish(acc, s_ptr, xs_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym,
-            FP8: tl.constexpr, X_FP8: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
+            FP8: tl.constexpr, ROW_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
     if FP8:
         acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
-    if X_FP8:
+    if ROW_SCALES:  # FP8 activations with one scale a row
         acc *= tl.load(xs_ptr + offs_m, mask=m_mask, other=0.0)[:, None]
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
@@ -224,16 +234,18 @@ def decode_linear(
 # (fp8_weights.fp8_linear) sends them there.
 
 
-def _fp8_mma_tiles(rows: int, n: int, k: int) -> tuple[tuple[int, ...], int]:
+def _fp8_mma_tiles(rows: int, n: int, k: int, grouped: bool = False) -> tuple[tuple[int, ...], int]:
     """((BLOCK_N, BLOCK_K, stages, K split, warps), BLOCK_M), from bench_gemm.py --w8a8's sweep
     of Qwen3-8B's shapes at 32, 64, 96 and 128 rows (one H200): 64-column blocks in row blocks of
     up to 64; K split until the launch has enough programs (more at up to 32 rows, where each
     does less), and in one row block until no slice is longer than 4,096; deep pipelines for the
     narrow outputs' unsplit or halved K. Wide outputs at more than 64 rows: 128 x 128 blocks,
-    each weight tile read once for all rows."""
+    each weight tile read once for all rows; with a scale per row and K tile (`grouped`) in 8
+    warps, as 4 spill there (compiled for sm_90: 255 registers and 55 spilled loads a K step
+    against 177 and none; not timed)."""
     wide = n >= FP8_MIN_COLUMNS
     if wide and rows > 64:
-        return (128, 128, 3, 1, 4), 128
+        return (128, 128, 3, 1, 8 if grouped else 4), 128
     block_n, block_k, block_m = 64, 128, min(64, _block_m(rows))
     programs = 256 if rows <= 32 else 96
     row_blocks = triton.cdiv(rows, block_m)
@@ -267,26 +279,35 @@ def w8a8_linear(
     fp8_scale: torch.Tensor,
 ) -> torch.Tensor:
     """F.linear(x8 * x_scale, weight, bias) in weight's dtype, where x8 [..., K] is e4m3 with a
-    power-of-two scale per row (`torch_fp8.quantize_rows`) and weight == fp8_weight * fp8_scale:
-    by the FP8 MMA at W8A8_MIN_ROWS to W8A8_MAX_ROWS rows of bf16 or fp16, else F.linear over
-    the dequantized activations, which are exact in bf16. Both compute the same products; only
-    the summation order differs (and the MMA's, which adds each 128 of K at its own precision
-    before taking the sum into fp32)."""
+    power-of-two scale per row (x_scale [...], `torch_fp8.quantize_rows`) or per row and 128 of
+    K (x_scale [..., ceil(K / 128)], `torch_fp8.quantize_groups`) and weight == fp8_weight *
+    fp8_scale: by the FP8 MMA at W8A8_MIN_ROWS to W8A8_MAX_ROWS rows of bf16 or fp16, else
+    F.linear over the dequantized activations, which are exact in bf16. Both compute the same
+    products; only the summation order differs (and the MMA's, which adds each 128 of K at its
+    own precision before taking the sum into fp32)."""
     k = x8.shape[-1]
     rows = x8.numel() // k if k else 0
+    grouped = x_scale.shape != x8.shape[:-1]
+    if grouped and x_scale.shape != (*x8.shape[:-1], triton.cdiv(k, ACTIVATION_GROUP)):
+        raise ValueError(
+            f"w8a8_linear: x_scale {tuple(x_scale.shape)} for x8 {tuple(x8.shape)}: one scale a "
+            f"row, or one a row and {ACTIVATION_GROUP} of K"
+        )
     if (
         not W8A8_MIN_ROWS <= rows <= W8A8_MAX_ROWS
         or weight.dtype not in (torch.bfloat16, torch.float16)
         or not supported(fp8_weight)
         or not fp8_mma_available(x8.device)
     ):
-        return F.linear(dequantize_rows(x8, x_scale, weight.dtype), weight, bias)
+        dequantize = dequantize_groups if grouped else dequantize_rows
+        return F.linear(dequantize(x8, x_scale, weight.dtype), weight, bias)
     n = weight.shape[0]
     y = torch.empty(rows, n, dtype=weight.dtype, device=x8.device)
-    tiles, block_m = _fp8_mma_tiles(rows, n, k)
+    tiles, block_m = _fp8_mma_tiles(rows, n, k, grouped)
+    x_scale = x_scale.reshape(rows, -1) if grouped else x_scale.reshape(rows)
     launch(
         x8.reshape(rows, k).contiguous(), fp8_weight, bias, y, *tiles,
-        scale=fp8_scale, x_scale=x_scale.reshape(rows).float().contiguous(), block_m=block_m,
+        scale=fp8_scale, x_scale=x_scale.float().contiguous(), block_m=block_m,
     )  # fmt: skip
     return y.view(*x8.shape[:-1], n)
 
@@ -303,10 +324,18 @@ def launch(
     """y[M, N] = x[M, K] @ weight[N, K].T (+ bias) with the given tiles (bench_gemm.py sweeps
     them); with `scale` [N], weight is FP8 and y = (x @ weight.T) * scale (+ bias); with
     `x_scale` [M] too, x is FP8 as well, the product is the FP8 MMA's and each row of y is
-    multiplied by its scale. `split_k` slices K over that many programs per column block (whole
-    BLOCK_K tiles each, else no split); `block_m` rows a program (default: all of them)."""
+    multiplied by its scale; with `x_scale` [M, ceil(K / block_k)], each row's products over a
+    K tile are multiplied by that tile's scale (block_k must be ACTIVATION_GROUP). `split_k`
+    slices K over that many programs per column block (whole BLOCK_K tiles each, else no
+    split); `block_m` rows a program (default: all of them)."""
     rows, k = x.shape
     n = weight.shape[0]
+    x_groups = x_scale is not None and x_scale.dim() == 2
+    if x_groups and (block_k != ACTIVATION_GROUP or x_scale.shape[1] != triton.cdiv(k, block_k)):
+        raise ValueError(
+            f"launch: x_scale {tuple(x_scale.shape)}, a scale a row and K tile, needs K tiles of "
+            f"{ACTIVATION_GROUP} (block_k {block_k}) and {triton.cdiv(k, ACTIVATION_GROUP)} a row"
+        )
     block_m = block_m or _block_m(rows)
     column_blocks, row_blocks = triton.cdiv(n, block_n), triton.cdiv(rows, block_m)
     if split_k > 1 and k % (split_k * block_k) == 0:
@@ -321,7 +350,9 @@ def launch(
         x, weight, scale if scale is not None else y, x_scale if x_scale is not None else y,
         bias if bias is not None else y, y, partials, counters if counters is not None else y,
         rows, n, k, x.stride(0), weight.stride(0), y.stride(0),
-        FP8=scale is not None, X_FP8=x_scale is not None, IEEE=y.dtype == torch.float32,
+        x_scale.stride(0) if x_groups else 0,
+        FP8=scale is not None, X_FP8=x_scale is not None, X_GROUPS=x_groups,
+        IEEE=y.dtype == torch.float32,
         HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
         SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         FAST_WIDEN=scale is not None and fast_widen(y.dtype, x.device),

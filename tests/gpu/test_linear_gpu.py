@@ -160,28 +160,42 @@ def _count_w8a8_launches(monkeypatch) -> list[int]:
 
 @pytest.mark.parametrize("rows", [1, 16, 17, 32, 64, 65, 100, 128, 129])
 @pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 12288), (24576, 4096), (1000, 896)])
-def test_w8a8_linear_matches_its_twin(rows: int, n: int, k: int, monkeypatch) -> None:
-    """FP8 activations (a power-of-two scale per row) times FP8 weights: the FP8 MMA from 17 to
-    128 rows (one row block, or several), F.linear over the dequantized rows elsewhere; each
-    against the fp32 GEMM of the dequantized operands, whose products are the same exactly."""
+@pytest.mark.parametrize("scales", ["row", "group"])
+def test_w8a8_linear_matches_its_twin(rows: int, n: int, k: int, scales: str, monkeypatch) -> None:
+    """FP8 activations (a power-of-two scale per row, or per row and 128 of K) times FP8
+    weights: the FP8 MMA from 17 to 128 rows (one row block, or several), F.linear over the
+    dequantized rows elsewhere; each against the fp32 GEMM of the dequantized operands, whose
+    products are the same exactly."""
     from rollout.kernels import triton_linear
-    from rollout.kernels.torch_fp8 import FP8_DTYPE, dequantize_rows, quantize_rows, round_to_fp8_
+    from rollout.kernels.torch_fp8 import (
+        FP8_DTYPE,
+        dequantize_groups,
+        dequantize_rows,
+        quantize_groups,
+        quantize_rows,
+        round_to_fp8_,
+    )
 
+    quantize, dequantize = {
+        "row": (quantize_rows, dequantize_rows),
+        "group": (quantize_groups, dequantize_groups),
+    }[scales]
     launches = _count_w8a8_launches(monkeypatch)
     g = torch.Generator(device="cuda").manual_seed(rows * 7 + n)
     x = torch.randn(rows, k, device="cuda", generator=g)
     x[0] *= 1e-3  # rows of other magnitudes keep scales of their own
+    x[-1, 128:256] *= 64  # and groups (with group scales)
     x = x.bfloat16()
     weight = (torch.randn(n, k, device="cuda", generator=g) * 0.02).bfloat16()
     q = torch.empty(n, k, device="cuda", dtype=FP8_DTYPE)
     scale = torch.empty(n, device="cuda")
     round_to_fp8_(weight, q, scale)
-    x8, x_scale = quantize_rows(x)
+    x8, x_scale = quantize(x)
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=g)
     for b in (None, bias):
         got = triton_linear.w8a8_linear(x8, x_scale, weight, b, q, scale)
         assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
-        want = F.linear(dequantize_rows(x8, x_scale, torch.float32), weight.float())
+        want = F.linear(dequantize(x8, x_scale, torch.float32), weight.float())
         want = want if b is None else want + b.float()
         assert _rel_error(got, want) < 5e-3, rows
         assert _rel_error(got[:1], want[:1]) < 5e-3  # the small row is not lost beside the rest
@@ -190,11 +204,14 @@ def test_w8a8_linear_matches_its_twin(rows: int, n: int, k: int, monkeypatch) ->
 
 
 @pytest.mark.parametrize("rows", [24, 100])
-def test_w8a8_split_k_repeats_in_a_graph(rows: int) -> None:
+@pytest.mark.parametrize("scales", ["row", "group"])
+def test_w8a8_split_k_repeats_in_a_graph(rows: int, scales: str) -> None:
     """The FP8-activation launches split K too (here a down-shaped output, over one row block
     and over two): a replayed graph gives the eager launch's bits every time."""
-    from rollout.kernels.torch_fp8 import FP8_DTYPE, quantize_rows, round_to_fp8_
+    from rollout.kernels.torch_fp8 import FP8_DTYPE, quantize_groups, quantize_rows, round_to_fp8_
     from rollout.kernels.triton_linear import w8a8_linear
+
+    quantize = quantize_groups if scales == "group" else quantize_rows
 
     g = torch.Generator(device="cuda").manual_seed(rows)
     x = torch.randn(rows, 12288, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -202,7 +219,7 @@ def test_w8a8_split_k_repeats_in_a_graph(rows: int) -> None:
     q = torch.empty(4096, 12288, device="cuda", dtype=FP8_DTYPE)
     scale = torch.empty(4096, device="cuda")
     round_to_fp8_(weight, q, scale)
-    x8, x_scale = quantize_rows(x)
+    x8, x_scale = quantize(x)
     eager = w8a8_linear(x8, x_scale, weight, None, q, scale)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
