@@ -22,9 +22,9 @@ With --weight-quantization fp8 the engine serves the FP8-rounded model and the t
 bf16 weights, as in training: `own_routing` (and `replayed_routes`) then measure the drift of
 FP8 rollouts against the bf16 policy, and `fp8_model_trainer` scores with the rounded weights,
 which isolates the kernels' share (the engine's weights are set back to bf16 after the rollout).
-With --activation-quantization fp8 (and --fp8-lm-head) the engine's projections round their
-inputs too (and its LM head is FP8): `fp8_model_trainer` then still rounds only the weights, so
-it holds the activations' share as well.
+With --activation-quantization fp8 or fp8-group (and --fp8-lm-head) the engine's projections
+round their inputs too (and its LM head is FP8): `fp8_model_trainer` then still rounds only the
+weights, so it holds the activations' share as well.
 
 Random weights: the figures show the numerics of two implementations of one model, not those of
 a trained checkpoint (whose sharper distributions and router margins differ).
@@ -255,8 +255,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--activation-quantization",
         default="none",
-        choices=("none", "fp8"),
-        help="with --weight-quantization fp8: the projections' inputs rounded to e4m3 too",
+        choices=("none", "fp8", "fp8-group"),
+        help="with --weight-quantization fp8: the projections' inputs rounded to e4m3 too, with "
+        "a scale a row (fp8) or a scale per 128 inputs of a row (fp8-group)",
     )
     parser.add_argument(
         "--fp8-lm-head", action="store_true", help="with --weight-quantization fp8: the LM head too"

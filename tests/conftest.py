@@ -13,8 +13,9 @@ VOCAB = 96
 EOS = 2
 
 
-def tiny_model(arch: str, seed: int = 0, eos_token_id: int | None = None):
-    """A 2-layer random model of the given architecture, fp32, eval mode."""
+def tiny_model(arch: str, seed: int = 0, eos_token_id: int | None = None, **sizes):
+    """A 2-layer random model of the given architecture, fp32, eval mode; `sizes` override its
+    config's (hidden_size=256, say)."""
     from transformers import (
         LlamaConfig,
         LlamaForCausalLM,
@@ -56,7 +57,7 @@ def tiny_model(arch: str, seed: int = 0, eos_token_id: int | None = None):
     }
     config_class, model_class, extra = classes[arch]
     torch.manual_seed(seed)
-    model = model_class(config_class(**common, **extra)).eval()
+    model = model_class(config_class(**{**common, **extra, **sizes})).eval()
     # Larger logits than the default init: sampled tokens then differ clearly between seeds.
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)

@@ -7,7 +7,12 @@ import copy
 
 import torch
 
-from rollout.kernels.torch_fp8 import dequantize_rows, quantize_rows
+from rollout.kernels.torch_fp8 import (
+    dequantize_groups,
+    dequantize_rows,
+    quantize_groups,
+    quantize_rows,
+)
 
 
 def expected_rounded(name: str, lm_head: bool = False) -> bool:
@@ -23,26 +28,58 @@ def expected_rounded(name: str, lm_head: bool = False) -> bool:
 
 
 def rounded_copy(
-    model: torch.nn.Module, lm_head: bool = False, round_inputs: bool = False
+    model: torch.nn.Module, lm_head: bool = False, input_scales: str | None = None
 ) -> torch.nn.Module:
-    """`model` with its FP8 weights; with `round_inputs`, each rounded projection of the decoder
-    layers also rounds its input rows to e4m3 with a power-of-two scale each, as
-    activation_quantization="fp8" serves it."""
+    """`model` with its FP8 weights; with `input_scales`, each rounded projection of the decoder
+    layers also rounds its input to e4m3 with a power-of-two scale per row ("row", as
+    activation_quantization="fp8" serves it) or per 128 inputs of a row ("group", as
+    "fp8-group" does)."""
     rounded = copy.deepcopy(model)
     with torch.no_grad():
         for name, param in rounded.named_parameters():
             if expected_rounded(name, lm_head):
                 param.copy_(dequantize_rows(*quantize_rows(param), param.dtype))
-    if round_inputs:
+    if input_scales is not None:
+        hook = {"row": _round_input_rows, "group": _round_input_groups}[input_scales]
         for name, module in rounded.named_modules():
             if isinstance(module, torch.nn.Linear) and expected_rounded(f"{name}.weight"):
-                module.register_forward_pre_hook(_round_input)
+                module.register_forward_pre_hook(hook)
     return rounded
 
 
-def _round_input(module: torch.nn.Module, args: tuple) -> tuple:
+def _round_input_rows(module: torch.nn.Module, args: tuple) -> tuple:
     x = args[0]
     return (dequantize_rows(*quantize_rows(x), x.dtype), *args[1:])
+
+
+def _round_input_groups(module: torch.nn.Module, args: tuple) -> tuple:
+    x = args[0]
+    return (dequantize_groups(*quantize_groups(x), x.dtype), *args[1:])
+
+
+def wide_model_with_outliers(seed: int):
+    """A tiny Qwen3 whose projections' inputs span two or three 128-wide groups (hidden 256,
+    16 heads of 16, intermediate 384), as an LLM with massive activations: the first group of
+    each norm's output 4096x the rest, and the projections' weights on it 4096x smaller, so the
+    other groups still carry the outputs. Rounded with one scale a row, those groups' values
+    fall to e4m3's subnormals; with a scale a group they keep their 3 bits."""
+    from tests.conftest import tiny_model
+
+    model = tiny_model(
+        "qwen3", seed=seed, hidden_size=256, intermediate_size=384, num_attention_heads=16,
+        num_key_value_heads=4,
+    )  # fmt: skip
+    with torch.no_grad():
+        for layer in model.model.layers:
+            attention, mlp = layer.self_attn, layer.mlp
+            for norm, projections in (
+                (layer.input_layernorm, (attention.q_proj, attention.k_proj, attention.v_proj)),
+                (layer.post_attention_layernorm, (mlp.gate_proj, mlp.up_proj)),
+            ):
+                norm.weight[:128] *= 4096
+                for projection in projections:
+                    projection.weight[:, :128] /= 4096
+    return model
 
 
 FP8_KV_ATTENTION = "fp8_kv_sdpa"

@@ -39,6 +39,12 @@
 #   grpo-bf16  the grpo workload on the Qwen3-8B shape in bf16 alone
 #   grpo-w8a8  the same with FP8 weights, KV cache, activations and LM head (GRPO_W8A8_EXTRA:
 #            more --engine overrides)
+#   grpo-w8a8-group  the same with the activations' scales per 128 inputs (fp8-group)
+#   drift-w8a8-group  FP8 weights, activations with scales per 128 inputs and LM head against
+#            the bf16 trainer (Qwen3-8B shape)
+#   regimes-w8a8  decode steps by kernel (the top 24 kernels of each point) at a tail's and a
+#            crowded step's batches (REGIME_POINTS), FP8 weights, KV and LM head: activations
+#            unrounded, rounded with a scale a row, with a scale per 128 inputs
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out), the rollout runs' plots to $PLOT_DIR (default
 # $OUT_DIR: point it elsewhere where only a few files can be brought back); ROLLOUT_COMMIT=<sha>
@@ -190,6 +196,23 @@ for part in "$@"; do
         --engine weight_quantization=fp8 --engine kv_cache_dtype=fp8 \
         --engine activation_quantization=fp8 --engine fp8_lm_head=true ${GRPO_W8A8_EXTRA:-} \
         --json-out "$OUT_DIR/grpo_qwen3-8b_w8a8.json" --plot-out "$PLOT_DIR/grpo_qwen3-8b_w8a8.png" ;;
+    grpo-w8a8-group) run grpo_qwen3-8b_w8a8_group 240 benchmarks/bench_rollout.py --workload grpo \
+      --modes overlap --engine weight_quantization=fp8 --engine kv_cache_dtype=fp8 \
+      --engine activation_quantization=fp8-group --engine fp8_lm_head=true \
+      --json-out "$OUT_DIR/grpo_qwen3-8b_w8a8_group.json" \
+      --plot-out "$PLOT_DIR/grpo_qwen3-8b_w8a8_group.png" ;;
+    drift-w8a8-group) run drift_w8a8_group_head_qwen3-8b 300 benchmarks/bench_mismatch.py \
+      --shape qwen3-8b --weight-quantization fp8 --activation-quantization fp8-group \
+      --fp8-lm-head --samples ${SAMPLES:-4} --length ${LENGTH:-4096} \
+      --json-out "$OUT_DIR/drift_w8a8_group_head_qwen3-8b.json" ;;
+    regimes-w8a8)
+      for activations in none fp8 fp8-group; do
+        LINES_SHOWN=8 run "decode_regimes_w8a8_$activations" 150 benchmarks/bench_decode_regimes.py \
+          --steps 20 --points ${REGIME_POINTS:-1x2048,8x3000,32x3000,96x1500} \
+          --engine weight_quantization=fp8 --engine kv_cache_dtype=fp8 --engine fp8_lm_head=true \
+          --engine activation_quantization=$activations \
+          --json-out "$OUT_DIR/decode_regimes_w8a8_$activations.json"
+      done ;;
     *) echo "unknown part $part" ;;
   esac
 done

@@ -18,7 +18,7 @@ from rollout.kernels.triton_attention_tiles import fp8_kv_tiles
 from rollout.kernels.triton_fp8_widen import widen_e4m3
 from tests import model_zoo
 from tests.conftest import engine_for, hf_greedy, random_prompts, tiny_model
-from tests.fp8_oracle import rounded_copy
+from tests.fp8_oracle import rounded_copy, wide_model_with_outliers
 
 pytestmark = pytest.mark.gpu
 
@@ -504,7 +504,7 @@ def _count_w8a8_launches(monkeypatch) -> dict[str, int]:
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_fp32_greedy_with_rounded_inputs_equals_transformers(arch: str, monkeypatch) -> None:
     model = tiny_model(arch).to("cuda")
-    reference = rounded_copy(model, lm_head=True, round_inputs=True)
+    reference = rounded_copy(model, lm_head=True, input_scales="row")
     expected = [hf_greedy(reference, p, 40) for p in PROMPTS]
     counts = _count_w8a8_launches(monkeypatch)
     engine = engine_for(model, ON_GPU, **ROUNDED_INPUTS)
@@ -515,25 +515,45 @@ def test_fp32_greedy_with_rounded_inputs_equals_transformers(arch: str, monkeypa
     assert engine.stats().preemptions > 0 and engine.stats().cuda_graphs > 0
 
 
+def test_fp32_greedy_with_group_rounded_inputs_equals_transformers(monkeypatch) -> None:
+    """activation_quantization="fp8-group" on a model whose inputs span several 128-wide groups,
+    one of them far above the rest: the group-rounded model's greedy tokens."""
+    model = wide_model_with_outliers(seed=3).to("cuda")
+    reference = rounded_copy(model, lm_head=True, input_scales="group")
+    expected = [hf_greedy(reference, p, 40) for p in PROMPTS]
+    counts = _count_w8a8_launches(monkeypatch)
+    engine = engine_for(model, ON_GPU, **ROUNDED_INPUTS, activation_quantization="fp8-group")
+    results = engine.generate(PROMPTS, SamplingParams(max_tokens=40, temperature=0))
+    assert [r.token_ids for r in results] == expected
+    assert counts["fp8_weights"] and not counts["fp8_activations"]
+
+
 @pytest.mark.parametrize("compile_model", [False, True])
+@pytest.mark.parametrize("scales", ["row", "group"])
 def test_bf16_rounded_inputs_through_the_fp8_mma_are_the_rounded_models(
-    compile_model: bool, monkeypatch
+    compile_model: bool, scales: str, monkeypatch
 ) -> None:
     """Up to 36 rows a step, so the FP8 MMA runs (and the FP8-weight kernel over the rounded rows
     at up to 16); compiled, the rounding is inductor's, fused into the norms: the logprobs are
-    the oracle's to bf16 precision, graphs equal eager."""
-    model = tiny_model("qwen3").to("cuda", torch.bfloat16)
-    reference = rounded_copy(model, lm_head=True, round_inputs=True)
+    the oracle's to bf16 precision, graphs equal eager. With a scale per 128 inputs, on a model
+    whose inputs span several groups."""
+    if scales == "row":
+        model, quantization = tiny_model("qwen3"), "fp8"
+    else:
+        model, quantization = wide_model_with_outliers(seed=4), "fp8-group"
+    model = model.to("cuda", torch.bfloat16)
+    reference = rounded_copy(model, lm_head=True, input_scales=scales)
     counts = _count_w8a8_launches(monkeypatch)
     settings = dict(
-        dtype="bfloat16", num_kv_blocks=400, max_num_seqs=64, compile_model=compile_model
-    )
-    engine = engine_for(model, ON_GPU, **ROUNDED_INPUTS, **settings)
+        dtype="bfloat16", num_kv_blocks=400, max_num_seqs=64, compile_model=compile_model,
+        activation_quantization=quantization,
+    )  # fmt: skip
+    engine = engine_for(model, ON_GPU, **{**ROUNDED_INPUTS, **settings})
     params = SamplingParams(max_tokens=40, temperature=1.0, n=4, seed=2)
     results = engine.generate(PROMPTS, params)
     assert counts["fp8_activations"] and counts["fp8_weights"]
     diffs = logprob_differences(reference, PROMPTS, results)
     assert diffs.median() < 0.02 and diffs.max() < 0.25, (diffs.median(), diffs.max())
-    eager = engine_for(model, ON_GPU, cuda_graphs=False, **ROUNDED_INPUTS, **settings)
+    eager = engine_for(model, ON_GPU, cuda_graphs=False, **{**ROUNDED_INPUTS, **settings})
     again = eager.generate(PROMPTS, params)
     assert [r.token_ids for r in again] == [r.token_ids for r in results]

@@ -13,7 +13,7 @@ from rollout import EngineConfig, LLMEngine, SamplingParams
 from rollout.engine.model.capabilities import UnsupportedModelError
 from rollout.kernels.torch_fp8 import dequantize_rows
 from tests.conftest import engine_for, hf_greedy, random_prompts, tiny_model
-from tests.fp8_oracle import expected_rounded, rounded_copy
+from tests.fp8_oracle import expected_rounded, rounded_copy, wide_model_with_outliers
 
 SETTINGS = dict(
     block_size=4,
@@ -27,6 +27,8 @@ SETTINGS = dict(
 )
 # FP8 activations and LM head too
 W8A8 = dict(SETTINGS, activation_quantization="fp8", fp8_lm_head=True)
+# ... with a scale per 128 inputs of a row
+W8A8_GROUPS = dict(W8A8, activation_quantization="fp8-group")
 PROMPT_LENGTHS = (1, 4, 9, 17, 30)
 MAX_NEW = 20
 ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe"]
@@ -57,7 +59,7 @@ def test_the_engine_serves_the_fp8_rounded_model_exactly(arch: str, overlap: boo
 @pytest.mark.parametrize("more", [False, True], ids=["weights", "with_head_and_inputs"])
 def test_sampled_logprobs_are_the_rounded_models(more: bool) -> None:
     model = tiny_model("qwen3", seed=6)
-    reference = rounded_copy(model, lm_head=more, round_inputs=more)
+    reference = rounded_copy(model, lm_head=more, input_scales="row" if more else None)
     prompt = random_prompts((7,), seed=3)[0]
     engine = engine_for(model, W8A8 if more else SETTINGS)
     [result] = engine.generate([prompt], SamplingParams(max_tokens=12, temperature=1.0, seed=4))
@@ -176,7 +178,7 @@ def test_rounded_inputs_and_head_serve_their_model_exactly(arch: str, overlap: b
     layer projections see their inputs rounded (every row, prefill and decode alike) and whose
     LM head is rounded too (its input is not)."""
     model = tiny_model(arch, seed=5)
-    reference = rounded_copy(model, lm_head=True, round_inputs=True)
+    reference = rounded_copy(model, lm_head=True, input_scales="row")
     prompts = random_prompts(PROMPT_LENGTHS, seed=2)
     engine = engine_for(model, W8A8, overlap=overlap)
     engine_params = dict(engine.model.named_parameters())
@@ -190,14 +192,54 @@ def test_rounded_inputs_and_head_serve_their_model_exactly(arch: str, overlap: b
     assert [r.token_ids for r in results] != [hf_greedy(weights_only, p, MAX_NEW) for p in prompts]
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_group_rounded_inputs_serve_their_model_exactly(overlap: bool) -> None:
+    """activation_quantization="fp8-group": the engine serves the model whose projections see
+    their inputs rounded with a scale per 128 inputs of a row, prefill and decode alike."""
+    model = wide_model_with_outliers(seed=12)
+    reference = rounded_copy(model, lm_head=True, input_scales="group")
+    prompts = random_prompts(PROMPT_LENGTHS, seed=2)
+    engine = engine_for(model, W8A8_GROUPS, overlap=overlap)
+    results = engine.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0))
+    assert [r.token_ids for r in results] == [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+
+
+def test_group_scales_are_the_model_served_not_row_scales() -> None:
+    """The sampled logprobs are the group-rounded model's, and measurably not the row-rounded
+    one's (whose rounding of the outlier rows loses the other groups' small values)."""
+    model = wide_model_with_outliers(seed=13)
+    prompt = random_prompts((7,), seed=3)[0]
+    engine = engine_for(model, W8A8_GROUPS)
+    [result] = engine.generate([prompt], SamplingParams(max_tokens=12, temperature=1.0, seed=4))
+
+    def logprobs(reference) -> torch.Tensor:
+        with torch.no_grad():
+            logits = reference(torch.tensor([prompt + result.token_ids])).logits[0]
+        every = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
+        return every.gather(1, torch.tensor(result.token_ids)[:, None])[:, 0]
+
+    got = torch.tensor(result.logprobs)
+    group = logprobs(rounded_copy(model, lm_head=True, input_scales="group"))
+    torch.testing.assert_close(got, group, rtol=1e-5, atol=1e-5)
+    row = logprobs(rounded_copy(model, lm_head=True, input_scales="row"))
+    assert (got - row).abs().max() > 1e-3
+
+
 def test_fp8_extensions_need_fp8_weights_and_a_model_they_fit() -> None:
-    for extra in (dict(fp8_lm_head=True), dict(activation_quantization="fp8")):
+    for extra in (
+        dict(fp8_lm_head=True),
+        dict(activation_quantization="fp8"),
+        dict(activation_quantization="fp8-group"),
+    ):
         with pytest.raises(ValueError, match="needs weight_quantization='fp8'"):
             EngineConfig(**{**SETTINGS, "weight_quantization": "none", **extra})
     with pytest.raises(ValueError, match="activation_quantization must be one of"):
         EngineConfig(**{**SETTINGS, "activation_quantization": "int8"})
-    with pytest.raises(UnsupportedModelError, match="MoE experts.*activation_quantization='none'"):
-        engine_for(tiny_model("qwen3_moe", seed=1), W8A8)
+    for settings in (W8A8, W8A8_GROUPS):
+        with pytest.raises(
+            UnsupportedModelError, match="MoE experts.*activation_quantization='none'"
+        ):
+            engine_for(tiny_model("qwen3_moe", seed=1), settings)
     tied = tiny_model("llama", seed=1)
     tied.lm_head.weight = tied.get_input_embeddings().weight
     with pytest.raises(UnsupportedModelError, match="ties its LM head.*fp8_lm_head=False"):
@@ -230,17 +272,21 @@ def test_a_later_engine_without_the_fp8_head_drops_its_copy() -> None:
     assert [r.token_ids for r in results] == [hf_greedy(reference, p, MAX_NEW) for p in prompts]
 
 
-def test_speculation_with_rounded_inputs_emits_the_plain_tokens() -> None:
+@pytest.mark.parametrize("scales", ["row", "group"])
+def test_speculation_with_rounded_inputs_emits_the_plain_tokens(scales: str) -> None:
     """Each row is rounded on its own, so a verification (more rows a step) computes each
     token as a plain step does: the drafted run emits the plain run's tokens."""
-    model = tiny_model("qwen3", seed=10)
+    if scales == "row":
+        model, settings = tiny_model("qwen3", seed=10), W8A8
+    else:
+        model, settings = wide_model_with_outliers(seed=10), W8A8_GROUPS
     prompts = [p * 3 for p in random_prompts((4, 6, 9), seed=11)]  # repeats: n-grams to draft
     for params in (
         SamplingParams(max_tokens=30, temperature=0),
         SamplingParams(max_tokens=30, temperature=0.7, n=2, seed=4),
     ):
-        plain = engine_for(model, W8A8).generate(prompts, params)
-        engine = engine_for(model, W8A8, speculative="ngram", speculative_max_seqs=8)
+        plain = engine_for(model, settings).generate(prompts, params)
+        engine = engine_for(model, settings, speculative="ngram", speculative_max_seqs=8)
         engine.debug_internals().scheduler.speculation.max_pause = 0  # try every step
         drafted = engine.generate(prompts, params)
         assert [r.token_ids for r in drafted] == [r.token_ids for r in plain]

@@ -16,7 +16,8 @@ changes, and any subclass of `nn.Linear`, whose forward is its own.
 
 With `EngineConfig.activation_quantization="fp8"` the decoder layers' quantized projections
 round their inputs too: each row to e4m3 with a power-of-two scale of its own (the weights'
-rule, `torch_fp8.quantize_rows`), so the decode GEMMs can run on the tensor cores' FP8 MMA
+rule, `torch_fp8.quantize_rows`), or with "fp8-group" each 128 consecutive inputs of a row
+(`torch_fp8.quantize_groups`), so the decode GEMMs can run on the tensor cores' FP8 MMA
 (`triton_linear.w8a8_linear`). The model served is then the one whose projections see those
 rounded inputs, at every batch size and in prefill alike (exact in bf16, as the weights are).
 
@@ -39,10 +40,20 @@ from rollout.engine.model.capabilities import UnsupportedModelError
 from rollout.engine.model.fused_experts import experts_modules
 from rollout.engine.model.loader import decoder_layers
 from rollout.kernels.tiling import W8A8_MAX_ROWS, W8A8_MIN_ROWS
-from rollout.kernels.torch_fp8 import FP8_DTYPE, dequantize_rows, quantize_rows, round_to_fp8_
+from rollout.kernels.torch_fp8 import (
+    FP8_DTYPE,
+    dequantize_groups,
+    dequantize_rows,
+    quantize_groups,
+    quantize_rows,
+    round_to_fp8_,
+)
 
 _FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}
 _EXPERT_TENSORS = ("gate_up_proj", "down_proj")
+INPUT_SCALES = {"none": None, "fp8": "row", "fp8-group": "group"}
+"""EngineConfig.activation_quantization -> how the projections' inputs are rounded: not at all,
+with a scale per row, or with a scale per 128 inputs of a row."""
 
 
 @dataclass
@@ -192,21 +203,26 @@ def quantize_model(
     model: nn.Module,
     keep_unrounded: bool = False,
     lm_head: bool = False,
-    activations: bool = False,
+    activations: str | None = None,
 ) -> Fp8Weights:
     """Give every covered weight its FP8 copy, round the weights to it, and route the forwards
     that can read it (the linears' and, through fused_experts_forward, the experts'). With
     `keep_unrounded`, each weight's values before rounding stay in host memory (pinned beside a
     GPU) for `Fp8Weights.unrounded`: the base a LoRA adapter merges into. `lm_head`: the LM head
-    too; `activations`: the decoder layers' projections round their inputs (module docstring)."""
+    too; `activations` ("row" or "group", INPUT_SCALES): the decoder layers' projections round
+    their inputs (module docstring)."""
     weights = Fp8Weights()
     tensors = quantized_tensors(model, lm_head)
     clear_fp8(model)  # an earlier engine's copies go (one of a head left alone here would be stale)
     head = model.get_output_embeddings()
     experts = [name for name, _, attribute in tensors if attribute in _EXPERT_TENSORS]
+    if activations not in (None, "row", "group"):
+        raise ValueError(
+            f"quantize_model: activations is None, 'row' or 'group'; got {activations!r}"
+        )
     if activations and experts:
         raise UnsupportedModelError(
-            f"activation_quantization='fp8': {type(model).__name__}'s MoE experts ({experts[0]}, "
+            f"activation_quantization (FP8): {type(model).__name__}'s MoE experts ({experts[0]}, "
             "...) would still read unrounded activations; only dense models are served with it. "
             "Set activation_quantization='none'"
         )
@@ -226,8 +242,9 @@ def quantize_model(
                 tensor.shape, tensor.stride(), dtype=tensor.dtype, pin_memory=tensor.is_cuda
             )
         weights.weights.append(Fp8Weight(name, tensor.data, q, scale, unrounded))
-        # a linear's FP8 form: (e4m3 weight, its row scales, whether its inputs are rounded too)
-        fp8 = (q, scale, activations and module is not head)
+        # a linear's FP8 form: (e4m3 weight, its row scales, how its inputs are rounded: None,
+        # "row" or "group")
+        fp8 = (q, scale, activations if module is not head else None)
         if attribute.endswith("_weight"):  # a fused projection's buffer: its forward reads this
             setattr(module, f"_fp8_{attribute.removesuffix('_weight')}", fp8)
         elif attribute == "weight":
@@ -291,17 +308,19 @@ def fp8_linear(
     """x @ weight.T (+ bias), reading the FP8 form on CUDA where that pays (`triton_linear.fp8_pays`:
     every projection at a few rows, the wide ones at more); elsewhere `weight`, which holds the
     same values: by our bf16 decode GEMM with `triton_bf16`, else cuBLAS (and prefill's rows).
-    With inputs rounded (activation_quantization="fp8"), x is rounded here, where torch.compile
-    fuses the rounding into the norm or activation before it, and the FP8 GEMM reads both."""
-    q, scale, round_inputs = fp8
-    if round_inputs:
-        x8, x_scale = quantize_rows(x)
+    With inputs rounded (activation_quantization="fp8" or "fp8-group"), x is rounded here,
+    where torch.compile fuses the rounding into the norm or activation before it, and the FP8
+    GEMM reads both."""
+    q, scale, input_scales = fp8
+    if input_scales is not None:
+        grouped = input_scales == "group"
+        x8, x_scale = quantize_groups(x) if grouped else quantize_rows(x)
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if x.is_cuda and W8A8_MIN_ROWS <= rows <= W8A8_MAX_ROWS:
             return torch.ops.rollout.w8a8_linear(x8, x_scale, weight, bias, q, scale)
         # fewer rows (the FP8-weight kernel is faster there) or more (prefill): the rounded
         # rows in x's dtype, exactly, computed in the same kernel as the rounding when compiled
-        x = dequantize_rows(x8, x_scale, x.dtype)
+        x = (dequantize_groups if grouped else dequantize_rows)(x8, x_scale, x.dtype)
     if x.is_cuda:
         return torch.ops.rollout.decode_linear(x, weight, bias, q, scale, triton_bf16)
     return F.linear(x, weight, bias)

@@ -23,7 +23,7 @@ import torch
 from rollout.engine.config import EngineConfig
 from rollout.engine.model.attention import paged_attention_selected, register_paged_attention
 from rollout.engine.model.compilation import compile_decoder_layers
-from rollout.engine.model.fp8_weights import Fp8Weights, clear_fp8, quantize_model
+from rollout.engine.model.fp8_weights import INPUT_SCALES, Fp8Weights, clear_fp8, quantize_model
 from rollout.engine.model.fused_experts import fused_experts_selected, select_fused_experts
 from rollout.engine.model.fused_projections import fuse_projections, route_decode_linears
 from rollout.engine.model.fused_routing import fused_routers_selected, select_fused_routers
@@ -84,7 +84,7 @@ def prepare_model(
             model,
             keep_unrounded=config.fp8_keep_unrounded,
             lm_head=config.fp8_lm_head,
-            activations=config.activation_quantization == "fp8",
+            activations=INPUT_SCALES[config.activation_quantization],
         )
     else:
         clear_fp8(model)  # an earlier FP8 engine's copies would go stale here
