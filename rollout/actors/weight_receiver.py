@@ -20,6 +20,7 @@ from rollout.actors.adapter_merge import AdapterMerge
 from rollout.engine.llm_engine import LLMEngine
 from rollout.engine.sampling_params import SamplingParams
 from rollout.engine.scheduling.sequence import Completion
+from rollout.engine.weight_update import NonFiniteWeightsError, name_some
 from rollout.weight_sync.adapter_manifest import ADAPTER_DTYPE, AdapterManifest, check_adapter
 from rollout.weight_sync.group import WeightGroup
 from rollout.weight_sync.manifest import WeightManifest, check_manifest
@@ -33,8 +34,9 @@ class WeightReceiver:
         self.version = 0
         """The weight version the engine holds (0: the weights it was built with)."""
         self.torn = False
-        """A sync failed part-way: some parameters are new, some old. The worker runs no step
-        (and makes no sample with such weights) until a sync succeeds."""
+        """A sync failed part-way (some parameters are new, some old) or wrote NaN or inf. The
+        worker runs no step (and makes no sample with such weights) until a sync succeeds."""
+        self._torn_because = ""
         self.group: WeightGroup | None = None
         """This engine's end of the trainer's weight-sync group (None: not joined)."""
         self.adapter = AdapterMerge()
@@ -127,7 +129,14 @@ class WeightReceiver:
             self.engine.update_weights(update)
         except BaseException as err:
             # Torn by this transfer, or still torn by an earlier one.
-            self.torn = self.torn or isinstance(err, TornWeightsError)
+            if isinstance(err, TornWeightsError):
+                self.torn = True
+                self._torn_because = (
+                    "failed part-way, so the engine holds a mix of two weight versions"
+                )
+            elif isinstance(err, NonFiniteWeightsError):
+                self.torn = True
+                self._torn_because = f"wrote NaN or inf into {name_some(err.names)}"
             # Leave the group: a trainer still sending to this rank then fails at once instead
             # of waiting out the group's timeout (the pool builds a new group).
             self.group.close()
@@ -140,8 +149,8 @@ class WeightReceiver:
     def raise_if_torn(self) -> None:
         if self.torn:
             raise RuntimeError(
-                f"rollout worker {self.worker_id}: the last weight sync failed part-way, so the "
-                "engine holds a mix of two weight versions; sync the weights again first"
+                f"rollout worker {self.worker_id}: the last weight sync {self._torn_because}; "
+                "sync the weights again first"
             )
 
     # ---- the parity probe: one sampled completion, compared by the trainer with its forward ----

@@ -34,7 +34,12 @@ from rollout.engine.seeds import request_seed
 from rollout.engine.stats import EngineStats, collect_stats, reset_counters
 from rollout.engine.step_loop import OverlapLoop, SyncLoop
 from rollout.engine.stop_strings import StopStrings
-from rollout.engine.weight_update import NamedTensors, update_weights
+from rollout.engine.weight_update import (
+    NamedTensors,
+    NonFiniteWeightsError,
+    name_some,
+    update_weights,
+)
 
 Prompt = str | list[int]
 
@@ -134,6 +139,7 @@ class LLMEngine:
         self._scheduler = new_scheduler(self._block_manager)
         self._step_loop = loop_class(self._scheduler, self._runner, config.block_size)
         self._ready: list[Completion] = []  # results known without running (bad requests, aborts)
+        self._refused_weights: str | None = None  # why the weights cannot run (update_weights)
         self._arrivals = itertools.count()
         self._request_ids = itertools.count()
 
@@ -192,7 +198,10 @@ class LLMEngine:
         )
 
     def step(self) -> list[Completion]:
-        """Run one step; returns the completions that ended since the last call."""
+        """Run one step; returns the completions that ended since the last call. Raises
+        RuntimeError while the weights hold values an update_weights refused (NaN or inf);
+        the requests wait for an update with finite ones."""
+        self._raise_if_weights_refused()
         finished = (
             self._step_loop.step()
             if (self._scheduler.has_unfinished() or self._step_loop.has_in_flight())
@@ -203,20 +212,36 @@ class LLMEngine:
 
     # ---- weights, stats -------------------------------------------------------------------------
 
+    def _raise_if_weights_refused(self) -> None:
+        if self._refused_weights is not None:
+            raise RuntimeError(
+                f"the engine's weights hold NaN or inf ({self._refused_weights}) since an "
+                "update_weights refused them; call update_weights with finite weights first"
+            )
+
     def update_weights(self, weights: NamedTensors | Callable[[torch.nn.Module], Any]) -> Any:
         """Copy new weights into the model in place, between steps (from the thread that steps
         the engine): (name, tensor) pairs, named as in `model.named_parameters()`, or a function
         that copies into the model's parameters itself (returns what it returns). The copies are
         ordered after any step still on the device, and the prefix cache is emptied first, so no
-        later request reuses KV computed with the old weights."""
+        later request reuses KV computed with the old weights. Weights that hold NaN or inf
+        raise NonFiniteWeightsError (pairs before anything is copied; a function's after it
+        wrote them, and then the engine runs no step until an update with finite weights)."""
         fp8 = self._runner.prepared.fp8_weights
-        return update_weights(
-            self.model,
-            self._runner.streams,
-            self.reset_prefix_cache,
-            weights,
-            after=fp8.round_all if fp8 is not None else None,
-        )
+        try:
+            result = update_weights(
+                self.model,
+                self._runner.streams,
+                self.reset_prefix_cache,
+                weights,
+                after=fp8.round_all if fp8 is not None else None,
+            )
+        except NonFiniteWeightsError as err:
+            if callable(weights):  # written into the model: no step may run on them
+                self._refused_weights = name_some(err.names)
+            raise
+        self._refused_weights = None
+        return result
 
     @property
     def fp8_weights(self):
@@ -286,6 +311,7 @@ class LLMEngine:
         params: SamplingParams | SequenceABC[SamplingParams],
     ) -> Iterator[Completion]:
         """Yield completions as they finish (any order); `index` gives their place in the input."""
+        self._raise_if_weights_refused()  # before any request is queued
         if self.has_unfinished():
             raise RuntimeError(
                 "engine has requests in flight; generate()/stream() need an idle engine "

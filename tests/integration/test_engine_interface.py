@@ -101,3 +101,29 @@ def test_update_weights_refuses_what_does_not_fit_and_copies_nothing(case, messa
         engine.update_weights(weights)
     for name, param in engine.model.named_parameters():
         assert torch.equal(param, before[name]), name
+
+
+@pytest.mark.parametrize("quantization", ["none", "fp8"])
+def test_a_function_that_writes_nan_leaves_an_engine_that_refuses_to_step(quantization) -> None:
+    """Weight sync's receiver writes into the model itself, so non-finite values are found
+    after the copy: the update raises naming them, and the engine runs no step on them (an
+    error, not NaN logits sampled as tokens) until an update with finite weights."""
+    from rollout.engine.weight_update import NonFiniteWeightsError
+
+    model = tiny_model("llama", seed=3)
+    engine = engine_for(model, SMALL, weight_quantization=quantization)
+    prompt = random_prompts((5,), seed=1)[0]
+    params = SamplingParams(max_tokens=8, temperature=0)
+    [before] = engine.generate([prompt], params)
+
+    def poison(m: torch.nn.Module) -> None:
+        m.get_decoder().layers[1].mlp.down_proj.weight[0, 0] = float("inf")
+
+    with pytest.raises(NonFiniteWeightsError, match=r"1 weight\(s\) hold NaN or inf") as raised:
+        engine.update_weights(poison)
+    assert any("layers.1.mlp.down_proj" in name for name in raised.value.names)
+    with pytest.raises(RuntimeError, match=r"hold NaN or inf \(.*down_proj.*update_weights with"):
+        engine.generate([prompt], params)
+    engine.update_weights(model.named_parameters())  # finite again: it runs as before
+    [after] = engine.generate([prompt], params)
+    assert after.token_ids == before.token_ids

@@ -69,6 +69,41 @@ def test_a_sync_that_breaks_part_way_holds_the_engine_until_a_full_sync(worker) 
         assert torch.equal(engine_params[name], param.detach()), name
 
 
+def test_a_sync_of_non_finite_weights_holds_the_engine_until_a_finite_one(worker) -> None:
+    """A trainer that diverged sends NaN: the weights are written before they can be checked,
+    so the worker refuses to step, probe or resume on them, as on torn ones."""
+    trainer = tiny_model("llama", seed=98)
+    named = list(trainer.named_parameters())
+    with torch.no_grad():
+        named[-1][1][0, 0] = float("nan")
+    manifest = manifest_for(named, torch.float32, bucket_bytes=16 << 10)
+    recorded = _ReplayGroup()
+    send_weights(recorded, manifest, named, torch.device("cpu"))
+
+    worker.weights.group = _ReplayGroup(recorded.buckets)
+    with pytest.raises(ValueError, match="hold NaN or inf"):
+        worker.receive_weights(manifest, version=1)
+    prompt = random_prompts((6,), seed=5)[0]
+    worker.add_groups([GroupRequest(8, prompt, SamplingParams(max_tokens=4, n=2, ignore_eos=True))])
+    assert worker.poll(timeout=1.0) == []  # nothing sampled from NaN weights
+    with pytest.raises(RuntimeError, match=f"wrote NaN or inf into {named[-1][0]}"):
+        worker.resume()
+    with pytest.raises(RuntimeError, match="wrote NaN or inf"):
+        worker.probe(prompt, max_tokens=2)
+
+    with torch.no_grad():
+        named[-1][1][0, 0] = 0.5
+    recorded = _ReplayGroup()
+    send_weights(recorded, manifest, named, torch.device("cpu"))
+    worker.weights.group = _ReplayGroup(recorded.buckets)
+    worker.receive_weights(manifest, version=1)
+    worker.resume()
+    samples = []
+    while len(samples) < 2:
+        samples += worker.poll(timeout=30.0)
+    assert {s.weight_versions for s in samples} == {(0, 1)}
+
+
 def test_a_sync_that_breaks_before_any_copy_leaves_the_engine_running(worker) -> None:
     trainer = tiny_model("llama", seed=99)
     named = list(trainer.named_parameters())

@@ -39,6 +39,7 @@ from torch import nn
 from rollout.engine.model.capabilities import UnsupportedModelError
 from rollout.engine.model.fused_experts import experts_modules
 from rollout.engine.model.loader import decoder_layers
+from rollout.engine.weight_update import refuse_non_finite
 from rollout.kernels.tiling import W8A8_MAX_ROWS, W8A8_MIN_ROWS
 from rollout.kernels.torch_fp8 import (
     FP8_DTYPE,
@@ -106,16 +107,9 @@ class Fp8Weights:
         start = time.perf_counter()
         for w in self.weights:
             round_to_fp8_(w.weight, w.q, w.scale)
-        # One host sync for all: the decode kernels widen e4m3's NaN to a finite value
-        # (triton_fp8_widen), so a weight that is not finite is refused here, not served.
-        finite = [torch.isfinite(w.weight).all() for w in self.weights]
-        if finite and not bool(torch.stack(finite).all()):
-            bad = [w.name for w, ok in zip(self.weights, finite, strict=True) if not ok]
-            raise ValueError(
-                f"weight_quantization='fp8': {len(bad)} weight(s) hold NaN or inf ("
-                f"{', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); a diverged training "
-                "step? Check the trainer's loss and gradients before syncing these weights."
-            )
+        # The decode kernels widen e4m3's NaN to a finite value (triton_fp8_widen), so a weight
+        # that is not finite is refused here, not served.
+        refuse_non_finite(((w.name, w.weight) for w in self.weights), "weight_quantization='fp8'")
         self.last_round_s = time.perf_counter() - start
         return self.last_round_s
 
