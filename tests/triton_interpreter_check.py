@@ -475,6 +475,32 @@ def check_w8a8_linear() -> float:
     return worst
 
 
+def check_rounded_norm() -> float:
+    """The rounding RMSNorm (FP8 activations: the q/k/v and gate/up inputs) against its twin:
+    with and without the residual add, a scale a row or per 128 inputs, rows of other
+    magnitudes and a group far above its row's others, a row width that is not a power of two;
+    the rounded rows, their e4m3 bytes and scales, and the sum."""
+    from rollout.kernels import torch_rounded_norm, triton_rounded_norm
+
+    g = torch.Generator().manual_seed(4)
+    worst = 0.0
+    for n, residual, grouped in [(300, True, True), (300, False, False), (512, False, True),
+                                 (64, True, True), (1000, True, False)]:  # fmt: skip
+        x = torch.randn(6, n, generator=g)
+        x[1] *= 1e-3
+        x[2, 128 : min(n, 256)] *= 300
+        r = torch.randn(6, n, generator=g) if residual else None
+        weight = torch.randn(n, generator=g)
+        got = triton_rounded_norm.launch(x, weight, 1e-6, grouped, r)
+        want = torch_rounded_norm.rms_norm_rounded(x, weight, 1e-6, grouped, r)
+        if residual:
+            worst = max(worst, _error(got[0], want[0]))
+        worst = max(worst, _error(got[1], want[1]), _error(got[3], want[3]))
+        if not torch.equal(got[2].float(), want[2].float()):
+            return float("inf")
+    return worst
+
+
 if __name__ == "__main__":
     failed = False
     for name, check in [
@@ -491,6 +517,7 @@ if __name__ == "__main__":
         ("softmax top-k routing", check_top_k_routing),
         ("one-pass sampler", check_sampler),
         ("FP8 activations and weights GEMM", check_w8a8_linear),
+        ("RMSNorm rounded for FP8 activations", check_rounded_norm),
     ]:
         error = check()
         print(f"{name}: max |triton - twin| = {error:.3g}")

@@ -30,7 +30,13 @@ def test_kernels_match_twins_in_the_interpreter_and_compile_for_the_gpu(tmp_path
     assert result.returncode == 0, result.stdout + result.stderr
     assert "decode:" in result.stdout and "extend:" in result.stdout
     kernels = {launch["kernel"] for launch in json.loads(launches.read_text())}
-    assert {"_decode_kernel", "_extend_kernel", "_down_kernel", "_sample_slice_kernel"} <= kernels
+    assert {
+        "_decode_kernel",
+        "_extend_kernel",
+        "_down_kernel",
+        "_sample_slice_kernel",
+        "_rms_norm_rounded_kernel",
+    } <= kernels
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
