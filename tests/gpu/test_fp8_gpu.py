@@ -485,6 +485,39 @@ def test_v_laid_out_by_token_reads_the_same(dtype) -> None:
 ROUNDED_INPUTS = dict(activation_quantization="fp8", fp8_lm_head=True)
 
 
+@pytest.mark.parametrize("rows", [1, 16, 40, 128])
+@pytest.mark.parametrize("n", [4096, 1000])
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("residual", [False, True])
+def test_rounded_norm_matches_its_twin_in_bf16(rows: int, n: int, grouped: bool, residual: bool):
+    """The rounding RMSNorm's ops on the GPU against their twin: the sum exactly; the norm's
+    own fp32 sums and rsqrt may move a bf16 rounding, and then a value by an e4m3 step, in a few
+    elements; the FP8 form is always what the rounded rows stand for."""
+    from rollout.kernels import triton_rounded_norm  # noqa: F401 - registers the ops
+    from rollout.kernels.torch_fp8 import dequantize_groups, dequantize_rows
+    from rollout.kernels.torch_rounded_norm import rms_norm_rounded
+
+    g = torch.Generator(device="cuda").manual_seed(rows + n)
+    x = torch.randn(2, rows, n, device="cuda", generator=g).bfloat16()
+    x[0, 0, : n // 8] *= 100  # outliers in the first groups of a row
+    r = torch.randn(2, rows, n, device="cuda", generator=g).bfloat16() if residual else None
+    weight = (1 + torch.randn(n, device="cuda", generator=g) / 4).bfloat16()
+    if residual:
+        h, y, q, scale = torch.ops.rollout.add_rms_norm_rounded(x, r, weight, 1e-6, grouped)
+    else:
+        y, q, scale = torch.ops.rollout.rms_norm_rounded(x, weight, 1e-6, grouped)
+    want_h, want_y, _, _ = rms_norm_rounded(x, weight, 1e-6, grouped, r)
+    if residual:
+        assert torch.equal(h, want_h)
+    dequantize = dequantize_groups if grouped else dequantize_rows
+    assert torch.equal(dequantize(q, scale, torch.bfloat16), y)
+    assert scale.shape == ((2, rows, -(-n // 128)) if grouped else (2, rows))
+    same = (y == want_y).float().mean().item()
+    assert same > 0.999, same
+    step = want_y.float().abs() / 8 + scale.max() * 2.0**-9  # an e4m3 step, subnormals included
+    assert ((y.float() - want_y.float()).abs() <= step).all()
+
+
 def _count_w8a8_launches(monkeypatch) -> dict[str, int]:
     """Counts the decode GEMMs launched over FP8 weights alone and over FP8 activations too."""
     from rollout.kernels import triton_linear

@@ -272,6 +272,28 @@ def test_a_later_engine_without_the_fp8_head_drops_its_copy() -> None:
     assert [r.token_ids for r in results] == [hf_greedy(reference, p, MAX_NEW) for p in prompts]
 
 
+def test_rounding_norms_serve_the_rounded_model_and_leave_with_their_engine() -> None:
+    """FP8 activations: the layers of the known classes round their q/k/v and gate/up inputs in
+    their norms (rounded_layers.py); a layer that is not one keeps its own forward, whose
+    projections round their inputs themselves, and serves the same model; a later engine over
+    the same in-memory model without FP8 activations gets the layers' own forwards back."""
+    from rollout.engine.model.rounded_layers import _rounding_layer_forward
+
+    model = tiny_model("qwen3", seed=14)
+    norm = model.model.layers[1].input_layernorm
+    norm.__class__ = type("OtherRMSNorm", (type(norm),), {})  # the same norm, not a known class
+    reference = rounded_copy(model, lm_head=True, input_scales="row")
+    prompts = random_prompts(PROMPT_LENGTHS, seed=6)
+    engine = LLMEngine.from_model(model, EngineConfig(**W8A8))
+    assert engine.debug_internals().runner.prepared.rounded_layers == 1
+    first, second = model.model.layers
+    assert first.forward.__func__ is _rounding_layer_forward and "forward" not in vars(second)
+    results = engine.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0))
+    assert [r.token_ids for r in results] == [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+    LLMEngine.from_model(model, EngineConfig(**SETTINGS))
+    assert "forward" not in vars(first) and not hasattr(first, "_unrounded_forward")
+
+
 @pytest.mark.parametrize("scales", ["row", "group"])
 def test_speculation_with_rounded_inputs_emits_the_plain_tokens(scales: str) -> None:
     """Each row is rounded on its own, so a verification (more rows a step) computes each

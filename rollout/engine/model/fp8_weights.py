@@ -297,24 +297,29 @@ def fp8_read_bytes_saved(model: nn.Module) -> tuple[int, int]:
 
 
 def fp8_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias, fp8, triton_bf16: bool = False
+    x: torch.Tensor, weight: torch.Tensor, bias, fp8, triton_bf16: bool = False, rounded_input=None
 ) -> torch.Tensor:
     """x @ weight.T (+ bias), reading the FP8 form on CUDA where that pays (`triton_linear.fp8_pays`:
     every projection at a few rows, the wide ones at more); elsewhere `weight`, which holds the
     same values: by our bf16 decode GEMM with `triton_bf16`, else cuBLAS (and prefill's rows).
     With inputs rounded (activation_quantization="fp8" or "fp8-group"), x is rounded here,
     where torch.compile fuses the rounding into the norm or activation before it, and the FP8
-    GEMM reads both."""
+    GEMM reads both; or, with `rounded_input` (x8, x_scale), x is rounded already (by a rounding
+    norm, rounded_layers.py) and that is its FP8 form."""
     q, scale, input_scales = fp8
     if input_scales is not None:
         grouped = input_scales == "group"
-        x8, x_scale = quantize_groups(x) if grouped else quantize_rows(x)
+        if rounded_input is not None:
+            x8, x_scale = rounded_input
+        else:
+            x8, x_scale = quantize_groups(x) if grouped else quantize_rows(x)
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if x.is_cuda and W8A8_MIN_ROWS <= rows <= W8A8_MAX_ROWS:
             return torch.ops.rollout.w8a8_linear(x8, x_scale, weight, bias, q, scale)
         # fewer rows (the FP8-weight kernel is faster there) or more (prefill): the rounded
         # rows in x's dtype, exactly, computed in the same kernel as the rounding when compiled
-        x = (dequantize_groups if grouped else dequantize_rows)(x8, x_scale, x.dtype)
+        if rounded_input is None:
+            x = (dequantize_groups if grouped else dequantize_rows)(x8, x_scale, x.dtype)
     if x.is_cuda:
         return torch.ops.rollout.decode_linear(x, weight, bias, q, scale, triton_bf16)
     return F.linear(x, weight, bias)

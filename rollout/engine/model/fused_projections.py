@@ -121,11 +121,12 @@ def _project(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return linear(x)
 
 
-def _fused_linear(x, weight, bias, fp8) -> torch.Tensor:
-    """The fused GEMM: cuBLAS, or with FP8 weights our FP8 GEMM where it pays."""
+def _fused_linear(x, weight, bias, fp8, rounded_input=None) -> torch.Tensor:
+    """The fused GEMM: cuBLAS, or with FP8 weights our FP8 GEMM where it pays; `rounded_input`:
+    x's FP8 form when a rounding norm made x (rounded_layers.py)."""
     if fp8 is None:
         return F.linear(x, weight, bias)
-    return fp8_linear(x, weight, bias, fp8)
+    return fp8_linear(x, weight, bias, fp8, rounded_input=rounded_input)
 
 
 def _decode_head_forward(self, x):
@@ -169,6 +170,9 @@ def _fused_attention_forward(
     # function): the module's own forward.
     # (get_interface, as transformers' own forward calls it: known to trace under torch.compile)
     attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, None)
+    # hidden_states' FP8 form, from a rounding norm (rounded_layers.py); the module's own forward
+    # rounds again where it needs to, which gives the same rows back
+    rounded_input = kwargs.pop("rounded_input", None)
     if torch.is_grad_enabled() or kwargs.get("cache") is not None or attention is None:
         return self._unfused_forward(
             hidden_states, position_embeddings=position_embeddings,
@@ -177,7 +181,7 @@ def _fused_attention_forward(
     kwargs.pop("cache", None)
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, self.head_dim)
-    qkv = _fused_linear(hidden_states, self.qkv_weight, self.qkv_bias, self._fp8_qkv)
+    qkv = _fused_linear(hidden_states, self.qkv_weight, self.qkv_bias, self._fp8_qkv, rounded_input)
     query, key, value = qkv.split(self.qkv_sizes, dim=-1)
     query = query.reshape(hidden_shape)
     key = key.reshape(hidden_shape)
@@ -204,9 +208,11 @@ def _fused_attention_forward(
     return _project(self.o_proj, out), weights
 
 
-def _fused_mlp_forward(self, x):
+def _fused_mlp_forward(self, x, rounded_input=None):
     if torch.is_grad_enabled():
         return self._unfused_forward(x)
-    gate_up = _fused_linear(x, self.gate_up_weight, self.gate_up_bias, self._fp8_gate_up)
+    gate_up = _fused_linear(
+        x, self.gate_up_weight, self.gate_up_bias, self._fp8_gate_up, rounded_input
+    )
     gate, up = gate_up.split(self.gate_up_sizes, dim=-1)
     return _project(self.down_proj, self.act_fn(gate) * up)

@@ -27,6 +27,7 @@ from rollout.engine.model.fp8_weights import INPUT_SCALES, Fp8Weights, clear_fp8
 from rollout.engine.model.fused_experts import fused_experts_selected, select_fused_experts
 from rollout.engine.model.fused_projections import fuse_projections, route_decode_linears
 from rollout.engine.model.fused_routing import fused_routers_selected, select_fused_routers
+from rollout.engine.model.rounded_layers import clear_rounded_layers, round_layer_inputs
 from rollout.engine.model.route_recording import RouteRecorder
 
 
@@ -47,6 +48,8 @@ class PreparedModel:
     fp8_weights: Fp8Weights | None = None
     """The FP8 copies of the weights (EngineConfig.weight_quantization="fp8"); round them again
     after every weight change (`LLMEngine.update_weights` does)."""
+    rounded_layers: int = 0
+    """Decoder layers whose norms round their outputs (FP8 activations; rounded_layers.py)."""
 
     @contextmanager
     def selected(self) -> Iterator[None]:
@@ -88,6 +91,9 @@ def prepare_model(
         )
     else:
         clear_fp8(model)  # an earlier FP8 engine's copies would go stale here
+    clear_rounded_layers(model)  # an earlier engine's, with other activation settings
+    if (input_scales := INPUT_SCALES[config.activation_quantization]) is not None:
+        prepared.rounded_layers = round_layer_inputs(model, input_scales)
     if config.triton_linear and triton:
         route_decode_linears(model)
     if config.compile_model and device.type == "cuda":
