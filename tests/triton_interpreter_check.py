@@ -475,12 +475,12 @@ def check_w8a8_linear() -> float:
     return worst
 
 
-def check_rounded_norm() -> float:
-    """The rounding RMSNorm (FP8 activations: the q/k/v and gate/up inputs) against its twin:
-    with and without the residual add, a scale a row or per 128 inputs, rows of other
-    magnitudes and a group far above its row's others, a row width that is not a power of two;
-    the rounded rows, their e4m3 bytes and scales, and the sum."""
-    from rollout.kernels import torch_rounded_norm, triton_rounded_norm
+def check_rounded_rows() -> float:
+    """The kernels that round their outputs for FP8 activations against their twins: the
+    RMSNorm with and without the residual add, and silu(gate) * up; a scale a row or per 128
+    inputs, rows of other magnitudes and a group far above its row's others, widths that are
+    not a power of two; the rounded rows, their e4m3 bytes and scales, and the sum."""
+    from rollout.kernels import torch_rounded_rows, triton_rounded_rows
 
     g = torch.Generator().manual_seed(4)
     worst = 0.0
@@ -491,12 +491,19 @@ def check_rounded_norm() -> float:
         x[2, 128 : min(n, 256)] *= 300
         r = torch.randn(6, n, generator=g) if residual else None
         weight = torch.randn(n, generator=g)
-        got = triton_rounded_norm.launch(x, weight, 1e-6, grouped, r)
-        want = torch_rounded_norm.rms_norm_rounded(x, weight, 1e-6, grouped, r)
+        got = triton_rounded_rows.launch_norm(x, weight, 1e-6, grouped, r)
+        want = torch_rounded_rows.rms_norm_rounded(x, weight, 1e-6, grouped, r)
         if residual:
             worst = max(worst, _error(got[0], want[0]))
         worst = max(worst, _error(got[1], want[1]), _error(got[3], want[3]))
         if not torch.equal(got[2].float(), want[2].float()):
+            return float("inf")
+        gate_up = torch.randn(6, 2 * n, generator=g) * 3
+        gate_up[2, n + 128 : n + min(n, 256)] *= 300
+        got = triton_rounded_rows.launch_silu_mul(gate_up, grouped)
+        want = torch_rounded_rows.silu_mul_rounded(gate_up, grouped)
+        worst = max(worst, _error(got[0], want[0]), _error(got[2], want[2]))
+        if not torch.equal(got[1].float(), want[1].float()):
             return float("inf")
     return worst
 
@@ -517,7 +524,7 @@ if __name__ == "__main__":
         ("softmax top-k routing", check_top_k_routing),
         ("one-pass sampler", check_sampler),
         ("FP8 activations and weights GEMM", check_w8a8_linear),
-        ("RMSNorm rounded for FP8 activations", check_rounded_norm),
+        ("RMSNorm and silu * up rounded for FP8 activations", check_rounded_rows),
     ]:
         error = check()
         print(f"{name}: max |triton - twin| = {error:.3g}")

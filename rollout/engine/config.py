@@ -116,12 +116,11 @@ class EngineConfig:
     slower ones under 16 (the rounding's own kernels, before the norms rounded in theirs), twice
     the drift to bf16 of FP8 weights alone (docs/performance.md). Dense models only (MoE experts
     are refused); the LM head's input is not rounded. In Llama-family layers the norms round
-    q/k/v's and gate/up's inputs in their own kernel (rounded_layers.py). "fp8-group": the same
-    with a scale per 128 consecutive inputs of a row (the 1 x 128 tiles of the FP8 training
-    recipes): an outlier coarsens only its own group, and the activation's rounding is a kernel
-    over (row, group) pairs, where a row's scale loops over 12,288 values in one program a row
-    at the Qwen3-8B shape. Neither change is timed on a GPU yet (docs/performance.md, 'W8A8 with
-    a scale per 128 inputs')."""
+    q/k/v's and gate/up's inputs in their own kernel, and a SiLU MLP's activation down's
+    (rounded_layers.py). "fp8-group": the same with a scale per 128 consecutive inputs of a row
+    (the 1 x 128 tiles of the FP8 training recipes), so an outlier coarsens only its own group.
+    Neither the groups nor the rounding in the norms and activation are timed on a GPU yet
+    (docs/performance.md, 'W8A8 with a scale per 128 inputs')."""
     kv_cache_dtype: str = "auto"
     """"auto": the model's dtype; "fp8": keys and values stored as e4m3 with a power-of-two scale
     per token and KV head, written by the attention's KV write and widened by its reads, so the

@@ -10,8 +10,9 @@ triton_sampler.py           one-pass sampling for rows without top-k/top-p/min-p
 triton_linear.py            decode_linear: a GEMM for decode's few rows (bf16 or FP8 weights);
                             w8a8_linear: FP8 rows and weights on the FP8 MMA
 torch_fp8.py                FP8 weights: e4m3, power-of-two row scales, the GEMM's twin
-triton_rounded_norm.py      RMSNorm with its output rounded to e4m3 (FP8 activations), one pass
-torch_rounded_norm.py       its PyTorch twin
+triton_rounded_rows.py      RMSNorm and silu(gate) * up with their outputs rounded to e4m3 (FP8
+                            activations), one pass a row
+torch_rounded_rows.py       their PyTorch twins
 triton_routing.py           top_k_routing: an MoE router's softmax and top-k in one launch
 triton_moe.py               fused_experts: MoE experts, each touched expert read once per step
 torch_moe.py                the PyTorch reference twins of both (test oracles)

@@ -493,9 +493,9 @@ def test_rounded_norm_matches_its_twin_in_bf16(rows: int, n: int, grouped: bool,
     """The rounding RMSNorm's ops on the GPU against their twin: the sum exactly; the norm's
     own fp32 sums and rsqrt may move a bf16 rounding, and then a value by an e4m3 step, in a few
     elements; the FP8 form is always what the rounded rows stand for."""
-    from rollout.kernels import triton_rounded_norm  # noqa: F401 - registers the ops
+    from rollout.kernels import triton_rounded_rows  # noqa: F401 - registers the ops
     from rollout.kernels.torch_fp8 import dequantize_groups, dequantize_rows
-    from rollout.kernels.torch_rounded_norm import rms_norm_rounded
+    from rollout.kernels.torch_rounded_rows import rms_norm_rounded
 
     g = torch.Generator(device="cuda").manual_seed(rows + n)
     x = torch.randn(2, rows, n, device="cuda", generator=g).bfloat16()
@@ -516,6 +516,29 @@ def test_rounded_norm_matches_its_twin_in_bf16(rows: int, n: int, grouped: bool,
     assert same > 0.999, same
     step = want_y.float().abs() / 8 + scale.max() * 2.0**-9  # an e4m3 step, subnormals included
     assert ((y.float() - want_y.float()).abs() <= step).all()
+
+
+@pytest.mark.parametrize("rows", [1, 16, 40, 128])
+@pytest.mark.parametrize("n", [12288, 1000])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_rounded_silu_mul_matches_its_twin_in_bf16(rows: int, n: int, grouped: bool) -> None:
+    """The rounding activation's op on the GPU against its twin: its exp may move a bf16
+    rounding, and then a value by an e4m3 step, in a few elements."""
+    from rollout.kernels import triton_rounded_rows  # noqa: F401 - registers the op
+    from rollout.kernels.torch_fp8 import dequantize_groups, dequantize_rows
+    from rollout.kernels.torch_rounded_rows import silu_mul_rounded
+
+    g = torch.Generator(device="cuda").manual_seed(rows + n)
+    gate_up = (torch.randn(rows, 2 * n, device="cuda", generator=g) * 3).bfloat16()
+    gate_up[0, n : n + n // 8] *= 100
+    y, q, scale = torch.ops.rollout.silu_mul_rounded(gate_up, grouped)
+    want, _, _ = silu_mul_rounded(gate_up, grouped)
+    dequantize = dequantize_groups if grouped else dequantize_rows
+    assert torch.equal(dequantize(q, scale, torch.bfloat16), y)
+    same = (y == want).float().mean().item()
+    assert same > 0.999, same
+    step = want.float().abs() / 8 + scale.max() * 2.0**-9
+    assert ((y.float() - want.float()).abs() <= step).all()
 
 
 def _count_w8a8_launches(monkeypatch) -> dict[str, int]:

@@ -272,12 +272,24 @@ def test_a_later_engine_without_the_fp8_head_drops_its_copy() -> None:
     assert [r.token_ids for r in results] == [hf_greedy(reference, p, MAX_NEW) for p in prompts]
 
 
-def test_rounding_norms_serve_the_rounded_model_and_leave_with_their_engine() -> None:
+def test_rounding_norms_serve_the_rounded_model_and_leave_with_their_engine(monkeypatch) -> None:
     """FP8 activations: the layers of the known classes round their q/k/v and gate/up inputs in
-    their norms (rounded_layers.py); a layer that is not one keeps its own forward, whose
-    projections round their inputs themselves, and serves the same model; a later engine over
-    the same in-memory model without FP8 activations gets the layers' own forwards back."""
+    their norms, the MLPs down's in their activation (rounded_layers.py, triton_rounded_rows);
+    a layer that is not one keeps its own forward, whose projections round their inputs
+    themselves, and serves the same model; a later engine over the same in-memory model without
+    FP8 activations gets the layers' own forwards back."""
     from rollout.engine.model.rounded_layers import _rounding_layer_forward
+    from rollout.kernels import torch_rounded_rows
+
+    calls = {"rms_norm_rounded": 0, "silu_mul_rounded": 0}
+    for name in calls:
+        twin = getattr(torch_rounded_rows, name)
+
+        def counted(*args, name=name, twin=twin, **kwargs):
+            calls[name] += 1
+            return twin(*args, **kwargs)
+
+        monkeypatch.setattr(torch_rounded_rows, name, counted)
 
     model = tiny_model("qwen3", seed=14)
     norm = model.model.layers[1].input_layernorm
@@ -290,6 +302,8 @@ def test_rounding_norms_serve_the_rounded_model_and_leave_with_their_engine() ->
     assert first.forward.__func__ is _rounding_layer_forward and "forward" not in vars(second)
     results = engine.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0))
     assert [r.token_ids for r in results] == [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+    # (CPU: the ops run their twins) two norms a step in the changed layer, an act in both
+    assert 0 < calls["rms_norm_rounded"] == calls["silu_mul_rounded"]
     LLMEngine.from_model(model, EngineConfig(**SETTINGS))
     assert "forward" not in vars(first) and not hasattr(first, "_unrounded_forward")
 

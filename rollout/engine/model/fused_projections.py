@@ -34,6 +34,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from rollout.engine.model.fp8_weights import fp8_linear
 from rollout.engine.model.loader import decoder_layers
+from rollout.kernels import triton_rounded_rows  # noqa: F401 - registers the rounding act's op
 
 # transformers classes whose forward is: q/k/v projections -> [q_norm/k_norm] -> rotary ->
 # attention interface -> o_proj (the Qwen3 family adds the per-head norms); with the sliding
@@ -111,11 +112,11 @@ def _layers_or_none(model: nn.Module) -> list[nn.Module]:
         return []
 
 
-def _project(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def _project(linear: nn.Linear, x: torch.Tensor, rounded_input=None) -> torch.Tensor:
     fp8 = getattr(linear, "_fp8", None)  # fp8_weights.py
     if fp8 is not None:
         triton_bf16 = getattr(linear, "_decode_linear", False)
-        return fp8_linear(x, linear.weight, linear.bias, fp8, triton_bf16)
+        return fp8_linear(x, linear.weight, linear.bias, fp8, triton_bf16, rounded_input)
     if getattr(linear, "_decode_linear", False):
         return torch.ops.rollout.decode_linear(x, linear.weight, linear.bias)
     return linear(x)
@@ -214,5 +215,22 @@ def _fused_mlp_forward(self, x, rounded_input=None):
     gate_up = _fused_linear(
         x, self.gate_up_weight, self.gate_up_bias, self._fp8_gate_up, rounded_input
     )
+    if (input_scales := _rounded_silu(self)) is not None:  # FP8 activations: rounded in the act
+        y, q, scale = torch.ops.rollout.silu_mul_rounded(gate_up, input_scales == "group")
+        return _project(self.down_proj, y, rounded_input=(q, scale))
     gate, up = gate_up.split(self.gate_up_sizes, dim=-1)
     return _project(self.down_proj, self.act_fn(gate) * up)
+
+
+def _rounded_silu(mlp: nn.Module) -> str | None:
+    """How down_proj rounds its input (fp8_weights.INPUT_SCALES' "row" or "group") where the
+    activation is SiLU and can round it in its own kernel (triton_rounded_rows), else None."""
+    fp8 = getattr(mlp.down_proj, "_fp8", None)
+    if (
+        fp8 is None
+        or fp8[2] is None
+        or type(mlp.act_fn).__name__ not in ("SiLUActivation", "SiLU")
+        or len(set(mlp.gate_up_sizes)) != 1
+    ):
+        return None
+    return fp8[2]

@@ -3,7 +3,7 @@
 
 Under FP8 activations each projection reads its input rounded to e4m3 (fp8_weights.fp8_linear
 rounds it there). For q/k/v and gate/up that input is a norm's output, so rounding it inside the
-norm costs nothing more than the norm: `triton_rounded_norm` writes the rounded rows in the
+norm costs nothing more than the norm: `triton_rounded_rows` writes the rounded rows in the
 activations' dtype and as e4m3 with their scales, in the norm's one pass. The layer's forward
 here is transformers' Llama-family forward (residual, input norm, attention, residual add,
 post-attention norm, MLP, residual add) with those two norms (the second with the residual add
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from rollout.engine.model.loader import decoder_layers
-from rollout.kernels import triton_rounded_norm  # noqa: F401 - registers the rounding norms' ops
+from rollout.kernels import triton_rounded_rows  # noqa: F401 - registers the rounding norms' ops
 
 # transformers classes whose forward is the one described above, line for line
 _LAYER_CLASSES = {

@@ -1,0 +1,225 @@
+"""Kernels that produce a projection's input already rounded to e4m3, in one pass over each row:
+a decoder layer's RMSNorm (with the residual add before it) for q/k/v and gate/up, and the MLP's
+silu(gate) * up for down, under FP8 activations (EngineConfig.activation_quantization).
+
+torch.compile makes the rounding's amax a second reduction over the producer's row: with a scale
+per row the norm's kernel walks each row three times and the activation's becomes a loop of one
+program a row, with one per 128 inputs the norm splits into two or three kernels
+(docs/performance.md, 'W8A8 with a scale per 128 inputs'). Here one program holds a whole row in
+registers: the producer's arithmetic with transformers' roundings (`torch_rounded_rows`, the
+twins), the amax of each row or 128-input group, and the rounded row written twice: in the
+activations' dtype (exact: what the FP8-weight GEMM and F.linear read) and as e4m3 bytes with
+their scales (what the FP8 MMA GEMM reads).
+
+Run as the custom ops `rollout::rms_norm_rounded`, `rollout::add_rms_norm_rounded` and
+`rollout::silu_mul_rounded` (opaque to torch.compile); off CUDA, under Triton's interpreter, for
+a weight whose dtype differs from the activations' or a row wider than MAX_ROW, they compute
+the twins.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from rollout.kernels import torch_rounded_rows
+from rollout.kernels.torch_fp8 import ACTIVATION_GROUP, FP8_DTYPE
+from rollout.kernels.triton_attention_tiles import e4m3_bits, pow2_scale
+
+MAX_ROW = 32768
+"""The widest row one program holds (wider rows take the twin)."""
+
+
+@triton.jit
+def _rms_norm_rounded_kernel(
+    x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, q_ptr, s_ptr, n, eps,
+    stride_x, stride_r, stride_h, stride_y, stride_q, stride_s,
+    HAS_RESIDUAL: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:  # residual + x in the activations' dtype, as the layer adds them
+        r = tl.load(r_ptr + row * stride_r + offs, mask=mask, other=0.0)
+        x = (r.to(tl.float32) + x.to(tl.float32)).to(x.dtype)
+        tl.store(h_ptr + row * stride_h + offs, x, mask=mask)
+    h = x.to(tl.float32)
+    variance = tl.sum(h * h, 0) / n
+    normed = (h * tl.math.rsqrt(variance + eps)).to(x.dtype).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = (w * normed).to(x.dtype).to(tl.float32)
+    _round_and_store(y, y_ptr + row * stride_y, q_ptr + row * stride_q, s_ptr + row * stride_s,
+                     offs, mask, n, GROUP, BLOCK)  # fmt: skip
+
+
+@triton.jit
+def _silu_mul_rounded_kernel(
+    gu_ptr, y_ptr, q_ptr, s_ptr, n, stride_gu, stride_y, stride_q, stride_s,
+    GROUP: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    gate = tl.load(gu_ptr + row * stride_gu + offs, mask=mask, other=0.0)
+    up = tl.load(gu_ptr + row * stride_gu + n + offs, mask=mask, other=0.0)
+    g = gate.to(tl.float32)
+    silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)  # in the dtype, as torch's
+    y = (silu * up.to(tl.float32)).to(gate.dtype).to(tl.float32)
+    _round_and_store(y, y_ptr + row * stride_y, q_ptr + row * stride_q, s_ptr + row * stride_s,
+                     offs, mask, n, GROUP, BLOCK)  # fmt: skip
+
+
+@triton.jit
+def _round_and_store(y, y_row, q_row, s_row, offs, mask, n, GROUP: tl.constexpr,
+                     BLOCK: tl.constexpr):  # fmt: skip
+    """The row `y` (fp32, zeros past n), or each GROUP of it, to e4m3 with its power-of-two
+    scale (torch_fp8's rule): the rounded values in y_row's dtype, the e4m3 bytes, the scales."""
+    groups: tl.constexpr = BLOCK // GROUP
+    tiles = tl.reshape(y, [groups, GROUP])
+    scale, inverse = pow2_scale(tl.max(tl.abs(tiles), 1))
+    scaled = tiles * inverse[:, None]  # exact: a power of two
+    code = tl.reshape(e4m3_bits(tl.minimum(tl.maximum(scaled, -448.0), 448.0)), [BLOCK])
+    value = tl.reshape(code.to(tl.float8e4nv, bitcast=True).to(tl.float32), [groups, GROUP])
+    rounded = tl.reshape(value * scale[:, None], [BLOCK])
+    tl.store(y_row + offs, rounded.to(y_row.dtype.element_ty), mask=mask)
+    tl.store(q_row + offs, code, mask=mask)
+    g = tl.arange(0, groups)
+    tl.store(s_row + g, scale, mask=g * GROUP < n)
+
+
+def _kernel_serves(x: torch.Tensor, width: int, weight: torch.Tensor | None = None) -> bool:
+    return (
+        x.is_cuda
+        and torch.version.hip is None
+        and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+        and (weight is None or weight.dtype == x.dtype)
+        and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
+        and width <= MAX_ROW
+    )
+
+
+def _outputs(rows: int, n: int, grouped: bool, like: torch.Tensor):
+    """(y, q, scale, GROUP, BLOCK, warps) for rows of n."""
+    block = triton.next_power_of_2(n)
+    group = min(ACTIVATION_GROUP, block) if grouped else block
+    groups = triton.cdiv(n, ACTIVATION_GROUP) if grouped else 1
+    y = torch.empty(rows, n, dtype=like.dtype, device=like.device)
+    q = torch.empty(rows, n, dtype=FP8_DTYPE, device=like.device)
+    scale = torch.empty(rows, groups, dtype=torch.float32, device=like.device)
+    return y, q, scale, group, block, min(32, max(4, block // 512))
+
+
+def launch_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    grouped: bool,
+    residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The norm's kernel over x [rows, n] (and residual [rows, n]): (h or None, y, q, scale),
+    scale [rows, ceil(n / 128)] with `grouped`, else [rows]. Tests launch it under Triton's
+    interpreter."""
+    rows, n = x.shape
+    y, q, scale, group, block, warps = _outputs(rows, n, grouped, x)
+    h = torch.empty_like(x) if residual is not None else None
+    _rms_norm_rounded_kernel[(rows,)](
+        x, residual if residual is not None else x, weight, h if h is not None else y, y,
+        q.view(torch.uint8), scale, n, eps,
+        x.stride(0), residual.stride(0) if residual is not None else 0,
+        h.stride(0) if h is not None else 0, y.stride(0), q.stride(0), scale.stride(0),
+        HAS_RESIDUAL=residual is not None, GROUP=group, BLOCK=block, num_warps=warps,
+    )  # fmt: skip
+    return h, y, q, scale if grouped else scale.view(rows)
+
+
+def launch_silu_mul(
+    gate_up: torch.Tensor, grouped: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The activation's kernel over gate_up [rows, 2n] = [gate | up]: (y, q, scale)."""
+    rows, n = gate_up.shape[0], gate_up.shape[1] // 2
+    y, q, scale, group, block, warps = _outputs(rows, n, grouped, gate_up)
+    _silu_mul_rounded_kernel[(rows,)](
+        gate_up, y, q.view(torch.uint8), scale, n,
+        gate_up.stride(0), y.stride(0), q.stride(0), scale.stride(0),
+        GROUP=group, BLOCK=block, num_warps=warps,
+    )  # fmt: skip
+    return y, q, scale if grouped else scale.view(rows)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1]).contiguous()
+
+
+def _shaped(lead: torch.Size, y, q, scale, grouped: bool):
+    n = y.shape[-1]
+    return (
+        y.view(*lead, n),
+        q.view(*lead, n),
+        scale.view(*lead, -1) if grouped else scale.view(lead),
+    )
+
+
+@torch.library.custom_op("rollout::rms_norm_rounded", mutates_args=())
+def rms_norm_rounded(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, grouped: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, q, scale): RMSNorm(x) * weight rounded as FP8 activations round a projection's input
+    (`torch_rounded_rows.rms_norm_rounded` without a residual)."""
+    if not _kernel_serves(x, x.shape[-1], weight):
+        return torch_rounded_rows.rms_norm_rounded(x, weight, eps, grouped)[1:]
+    _, y, q, scale = launch_norm(_rows(x), weight, eps, grouped)
+    return _shaped(x.shape[:-1], y, q, scale, grouped)
+
+
+@torch.library.custom_op("rollout::add_rms_norm_rounded", mutates_args=())
+def add_rms_norm_rounded(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, grouped: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(h, y, q, scale): h = residual + x, then `rms_norm_rounded` of h."""
+    if not _kernel_serves(x, x.shape[-1], weight):
+        return torch_rounded_rows.rms_norm_rounded(x, weight, eps, grouped, residual)
+    h, y, q, scale = launch_norm(_rows(x), weight, eps, grouped, _rows(residual))
+    return (h.view(x.shape), *_shaped(x.shape[:-1], y, q, scale, grouped))
+
+
+@torch.library.custom_op("rollout::silu_mul_rounded", mutates_args=())
+def silu_mul_rounded(
+    gate_up: torch.Tensor, grouped: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, q, scale): silu(gate) * up for gate_up = [gate | up], rounded
+    (`torch_rounded_rows.silu_mul_rounded`)."""
+    if not _kernel_serves(gate_up, gate_up.shape[-1] // 2):
+        return torch_rounded_rows.silu_mul_rounded(gate_up, grouped)
+    y, q, scale = launch_silu_mul(_rows(gate_up), grouped)
+    return _shaped(gate_up.shape[:-1], y, q, scale, grouped)
+
+
+def _fake_outputs(x: torch.Tensor, n: int, dtype: torch.dtype, grouped: bool):
+    lead = x.shape[:-1]
+    groups = (*lead, triton.cdiv(n, ACTIVATION_GROUP)) if grouped else lead
+    return (
+        x.new_empty(*lead, n, dtype=dtype),
+        x.new_empty(*lead, n, dtype=FP8_DTYPE),
+        x.new_empty(groups, dtype=torch.float32),
+    )
+
+
+@rms_norm_rounded.register_fake
+def _(x, weight, eps, grouped):
+    dtype = torch.promote_types(x.dtype, weight.dtype)
+    return _fake_outputs(x, x.shape[-1], dtype, grouped)
+
+
+@add_rms_norm_rounded.register_fake
+def _(x, residual, weight, eps, grouped):
+    dtype = torch.promote_types(x.dtype, weight.dtype)
+    return (x.new_empty(x.shape), *_fake_outputs(x, x.shape[-1], dtype, grouped))
+
+
+@silu_mul_rounded.register_fake
+def _(gate_up, grouped):
+    return _fake_outputs(gate_up, gate_up.shape[-1] // 2, gate_up.dtype, grouped)
