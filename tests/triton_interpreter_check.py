@@ -477,9 +477,10 @@ def check_w8a8_linear() -> float:
 
 def check_rounded_rows() -> float:
     """The kernels that round their outputs for FP8 activations against their twins: the
-    RMSNorm with and without the residual add, and silu(gate) * up; a scale a row or per 128
-    inputs, rows of other magnitudes and a group far above its row's others, widths that are
-    not a power of two; the rounded rows, their e4m3 bytes and scales, and the sum."""
+    RMSNorm with and without the residual add, silu(gate) * up, and the rounding alone (o's
+    input); a scale a row or per 128 inputs, rows of other magnitudes and a group far above its
+    row's others, widths that are not a power of two; the rounded rows, their e4m3 bytes and
+    scales, and the sum."""
     from rollout.kernels import torch_rounded_rows, triton_rounded_rows
 
     g = torch.Generator().manual_seed(4)
@@ -497,6 +498,11 @@ def check_rounded_rows() -> float:
             worst = max(worst, _error(got[0], want[0]))
         worst = max(worst, _error(got[1], want[1]), _error(got[3], want[3]))
         if not torch.equal(got[2].float(), want[2].float()):
+            return float("inf")
+        got = triton_rounded_rows.launch_round(x, grouped)  # the rounding alone (o's input)
+        want = torch_rounded_rows.rounded(x, grouped)
+        worst = max(worst, _error(got[0], want[0]), _error(got[2], want[2]))
+        if not torch.equal(got[1].float(), want[1].float()):
             return float("inf")
         gate_up = torch.randn(6, 2 * n, generator=g) * 3
         gate_up[2, n + 128 : n + min(n, 256)] *= 300

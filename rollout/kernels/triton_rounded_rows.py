@@ -12,9 +12,10 @@ activations' dtype (exact: what the FP8-weight GEMM and F.linear read) and as e4
 their scales (what the FP8 MMA GEMM reads).
 
 Run as the custom ops `rollout::rms_norm_rounded`, `rollout::add_rms_norm_rounded` and
-`rollout::silu_mul_rounded` (opaque to torch.compile); off CUDA, under Triton's interpreter, for
-a weight whose dtype differs from the activations' or a row wider than MAX_ROW, they compute
-the twins.
+`rollout::silu_mul_rounded`, and the rounding alone as `rollout::round_rows` (for o's input, the
+attention's output: one pass too), all opaque to torch.compile; off CUDA, under Triton's
+interpreter, for a weight whose dtype differs from the activations' or a row wider than
+MAX_ROW, they compute the twins.
 """
 
 from __future__ import annotations
@@ -70,6 +71,19 @@ def _silu_mul_rounded_kernel(
     silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)  # in the dtype, as torch's
     y = (silu * up.to(tl.float32)).to(gate.dtype).to(tl.float32)
     _round_and_store(y, y_ptr + row * stride_y, q_ptr + row * stride_q, s_ptr + row * stride_s,
+                     offs, mask, n, GROUP, BLOCK)  # fmt: skip
+
+
+@triton.jit
+def _round_rows_kernel(
+    x_ptr, y_ptr, q_ptr, s_ptr, n, stride_x, stride_y, stride_q, stride_s,
+    GROUP: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    _round_and_store(x, y_ptr + row * stride_y, q_ptr + row * stride_q, s_ptr + row * stride_s,
                      offs, mask, n, GROUP, BLOCK)  # fmt: skip
 
 
@@ -150,6 +164,17 @@ def launch_silu_mul(
     return y, q, scale if grouped else scale.view(rows)
 
 
+def launch_round(x: torch.Tensor, grouped: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rounding alone over x [rows, n]: (y, q, scale)."""
+    rows, n = x.shape
+    y, q, scale, group, block, warps = _outputs(rows, n, grouped, x)
+    _round_rows_kernel[(rows,)](
+        x, y, q.view(torch.uint8), scale, n, x.stride(0), y.stride(0), q.stride(0),
+        scale.stride(0), GROUP=group, BLOCK=block, num_warps=warps,
+    )  # fmt: skip
+    return y, q, scale if grouped else scale.view(rows)
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1]).contiguous()
 
@@ -198,6 +223,16 @@ def silu_mul_rounded(
     return _shaped(gate_up.shape[:-1], y, q, scale, grouped)
 
 
+@torch.library.custom_op("rollout::round_rows", mutates_args=())
+def round_rows(x: torch.Tensor, grouped: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, q, scale): x rounded as FP8 activations round a projection's input, where no kernel
+    of ours made x (o's input: the attention's output); `torch_rounded_rows.rounded`."""
+    if not _kernel_serves(x, x.shape[-1]):
+        return torch_rounded_rows.rounded(x, grouped)
+    y, q, scale = launch_round(_rows(x), grouped)
+    return _shaped(x.shape[:-1], y, q, scale, grouped)
+
+
 def _fake_outputs(x: torch.Tensor, n: int, dtype: torch.dtype, grouped: bool):
     lead = x.shape[:-1]
     groups = (*lead, triton.cdiv(n, ACTIVATION_GROUP)) if grouped else lead
@@ -223,3 +258,8 @@ def _(x, residual, weight, eps, grouped):
 @silu_mul_rounded.register_fake
 def _(gate_up, grouped):
     return _fake_outputs(gate_up, gate_up.shape[-1] // 2, gate_up.dtype, grouped)
+
+
+@round_rows.register_fake
+def _(x, grouped):
+    return _fake_outputs(x, x.shape[-1], x.dtype, grouped)

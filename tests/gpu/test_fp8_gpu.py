@@ -518,6 +518,23 @@ def test_rounded_norm_matches_its_twin_in_bf16(rows: int, n: int, grouped: bool,
     assert ((y.float() - want_y.float()).abs() <= step).all()
 
 
+@pytest.mark.parametrize("rows", [1, 40, 300])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_round_rows_is_its_twin_exactly(rows: int, grouped: bool) -> None:
+    """The rounding alone (o's input under FP8 activations) has no arithmetic of its own before
+    it: the same bits as the twin."""
+    from rollout.kernels import triton_rounded_rows  # noqa: F401 - registers the op
+    from rollout.kernels.torch_rounded_rows import rounded
+
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    x = torch.randn(rows, 4096, device="cuda", generator=g).bfloat16()
+    x[0, :512] *= 1000
+    for got, want in zip(
+        torch.ops.rollout.round_rows(x, grouped), rounded(x, grouped), strict=True
+    ):
+        assert torch.equal(got.float(), want.float())
+
+
 @pytest.mark.parametrize("rows", [1, 16, 40, 128])
 @pytest.mark.parametrize("n", [12288, 1000])
 @pytest.mark.parametrize("grouped", [False, True])

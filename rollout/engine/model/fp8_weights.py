@@ -222,7 +222,7 @@ def quantize_model(
         )
     cuda = next((p.device for p in model.parameters() if p.is_cuda), None)
     if cuda is not None:  # registers rollout::decode_linear; its K-split counters before capture
-        from rollout.kernels import triton_linear
+        from rollout.kernels import triton_linear, triton_rounded_rows  # noqa: F401
 
         triton_linear.prepare_split_k(cuda)
     for name, module, attribute in tensors:
@@ -302,15 +302,18 @@ def fp8_linear(
     """x @ weight.T (+ bias), reading the FP8 form on CUDA where that pays (`triton_linear.fp8_pays`:
     every projection at a few rows, the wide ones at more); elsewhere `weight`, which holds the
     same values: by our bf16 decode GEMM with `triton_bf16`, else cuBLAS (and prefill's rows).
-    With inputs rounded (activation_quantization="fp8" or "fp8-group"), x is rounded here,
-    where torch.compile fuses the rounding into the norm or activation before it, and the FP8
-    GEMM reads both; or, with `rounded_input` (x8, x_scale), x is rounded already (by a rounding
-    norm, rounded_layers.py) and that is its FP8 form."""
+    With inputs rounded (activation_quantization="fp8" or "fp8-group"), x is rounded here (on
+    CUDA by `triton_rounded_rows.round_rows`, one pass a row) and the FP8 GEMM reads both; or,
+    with `rounded_input` (x8, x_scale), x is rounded already (by a rounding norm or activation:
+    rounded_layers.py) and that is its FP8 form."""
     q, scale, input_scales = fp8
     if input_scales is not None:
         grouped = input_scales == "group"
         if rounded_input is not None:
             x8, x_scale = rounded_input
+        elif x.is_cuda:  # one pass of ours (inductor would walk a row twice for its amax)
+            x, x8, x_scale = torch.ops.rollout.round_rows(x, grouped)
+            rounded_input = (x8, x_scale)
         else:
             x8, x_scale = quantize_groups(x) if grouped else quantize_rows(x)
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
