@@ -8,11 +8,13 @@ decode GEMM, which Hopper issues at 16 per clock and SM, a quarter of its 32-bit
 widens every byte it reads, so those conversions, not the memory, set its speed. Here each 32-bit register of four
 e4m3 bytes becomes two registers of bf16 pairs:
 
-- each byte is moved to the high half of a 16-bit lane (`prmt`), so its sign lands on bf16's
-  sign bit, and its 7 exponent-and-mantissa bits are shifted down by 4, onto bf16's exponent's
-  low 4 bits and mantissa's top 3: the bf16 whose exponent field is e4m3's, i.e. the value times
-  2^-120 exactly (e4m3's bias is 7, bf16's 127), subnormals included (both formats' subnormals
-  scale alike);
+- each byte is moved to the low half of a 16-bit lane with its sign copied over the high half
+  (`prmt`'s sign mode), and the lane shifted up by 4 and masked (`and` with 0x87F0): the sign
+  lands on bf16's sign bit, the 7 exponent-and-mantissa bits on bf16's exponent's low 4 bits and
+  mantissa's top 3, everything else is cleared: the bf16 whose exponent field is e4m3's, i.e.
+  the value times 2^-120 exactly (e4m3's bias is 7, bf16's 127), subnormals included (both
+  formats' subnormals scale alike). Three integer instructions a register of two values (the
+  byte moved to the lane's high half, then its sign and the rest apart, took four);
 - one bf16x2 fused multiply by 2^120 (plus -0, so signed zeros stay) restores the value; bf16
   arithmetic keeps subnormal inputs, and every product is a normal bf16 of at most 448.
 
@@ -39,19 +41,15 @@ FAST_WIDEN = True
 _WIDEN_BF16 = tl.constexpr(
     """
     {
-    .reg .b32 lo, hi, sign, two120, negzero;
+    .reg .b32 lo, hi, two120, negzero;
     mov.b32 two120, 0x7B807B80;
     mov.b32 negzero, 0x80008000;
-    prmt.b32 lo, $2, 0, 0x1404;
-    prmt.b32 hi, $2, 0, 0x3424;
-    and.b32 sign, lo, 0x80008000;
-    shr.b32 lo, lo, 4;
-    and.b32 lo, lo, 0x07F007F0;
-    or.b32 lo, lo, sign;
-    and.b32 sign, hi, 0x80008000;
-    shr.b32 hi, hi, 4;
-    and.b32 hi, hi, 0x07F007F0;
-    or.b32 hi, hi, sign;
+    prmt.b32 lo, $2, 0, 0x9180;
+    prmt.b32 hi, $2, 0, 0xB3A2;
+    shl.b32 lo, lo, 4;
+    shl.b32 hi, hi, 4;
+    and.b32 lo, lo, 0x87F087F0;
+    and.b32 hi, hi, 0x87F087F0;
     fma.rn.bf16x2 $0, lo, two120, negzero;
     fma.rn.bf16x2 $1, hi, two120, negzero;
     }
