@@ -40,15 +40,9 @@ from rollout.engine.model.capabilities import UnsupportedModelError
 from rollout.engine.model.fused_experts import experts_modules
 from rollout.engine.model.loader import decoder_layers
 from rollout.engine.weight_update import refuse_non_finite
+from rollout.kernels import triton_rounded_rows  # noqa: F401 - registers rollout::round_rows
 from rollout.kernels.tiling import W8A8_MAX_ROWS, W8A8_MIN_ROWS
-from rollout.kernels.torch_fp8 import (
-    FP8_DTYPE,
-    dequantize_groups,
-    dequantize_rows,
-    quantize_groups,
-    quantize_rows,
-    round_to_fp8_,
-)
+from rollout.kernels.torch_fp8 import FP8_DTYPE, round_to_fp8_
 
 _FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}
 _EXPERT_TENSORS = ("gate_up_proj", "down_proj")
@@ -222,7 +216,7 @@ def quantize_model(
         )
     cuda = next((p.device for p in model.parameters() if p.is_cuda), None)
     if cuda is not None:  # registers rollout::decode_linear; its K-split counters before capture
-        from rollout.kernels import triton_linear, triton_rounded_rows  # noqa: F401
+        from rollout.kernels import triton_linear
 
         triton_linear.prepare_split_k(cuda)
     for name, module, attribute in tensors:
@@ -302,27 +296,20 @@ def fp8_linear(
     """x @ weight.T (+ bias), reading the FP8 form on CUDA where that pays (`triton_linear.fp8_pays`:
     every projection at a few rows, the wide ones at more); elsewhere `weight`, which holds the
     same values: by our bf16 decode GEMM with `triton_bf16`, else cuBLAS (and prefill's rows).
-    With inputs rounded (activation_quantization="fp8" or "fp8-group"), x is rounded here (on
-    CUDA by `triton_rounded_rows.round_rows`, one pass a row) and the FP8 GEMM reads both; or,
-    with `rounded_input` (x8, x_scale), x is rounded already (by a rounding norm or activation:
-    rounded_layers.py) and that is its FP8 form."""
+    With inputs rounded (activation_quantization="fp8" or "fp8-group"), x is rounded here
+    (`triton_rounded_rows.round_rows`: one pass a row on CUDA, its twin elsewhere) and the FP8
+    GEMM reads both forms; or, with `rounded_input` (x8, x_scale), x is rounded already (by a
+    rounding norm or activation: rounded_layers.py) and that is its FP8 form."""
     q, scale, input_scales = fp8
     if input_scales is not None:
-        grouped = input_scales == "group"
-        if rounded_input is not None:
-            x8, x_scale = rounded_input
-        elif x.is_cuda:  # one pass of ours (inductor would walk a row twice for its amax)
-            x, x8, x_scale = torch.ops.rollout.round_rows(x, grouped)
-            rounded_input = (x8, x_scale)
-        else:
-            x8, x_scale = quantize_groups(x) if grouped else quantize_rows(x)
+        if rounded_input is None:
+            x, *rounded_input = torch.ops.rollout.round_rows(x, input_scales == "group")
+        x8, x_scale = rounded_input
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if x.is_cuda and W8A8_MIN_ROWS <= rows <= W8A8_MAX_ROWS:
             return torch.ops.rollout.w8a8_linear(x8, x_scale, weight, bias, q, scale)
-        # fewer rows (the FP8-weight kernel is faster there) or more (prefill): the rounded
-        # rows in x's dtype, exactly, computed in the same kernel as the rounding when compiled
-        if rounded_input is None:
-            x = (dequantize_groups if grouped else dequantize_rows)(x8, x_scale, x.dtype)
+        # fewer rows (the FP8-weight kernel is faster there) or more (prefill): x, the rounded
+        # rows in its dtype, exactly
     if x.is_cuda:
         return torch.ops.rollout.decode_linear(x, weight, bias, q, scale, triton_bf16)
     return F.linear(x, weight, bias)
