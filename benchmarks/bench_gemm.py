@@ -223,9 +223,11 @@ W8A8_SWEEP = [
 
 def _measure_w8a8(x, fp8, want, copies: int) -> dict:
     """The engine's W8A8 GEMM (`triton_linear.w8a8_linear`: x rounded to e4m3 with a scale per
-    row, then with one per row and 128 of K) at its tiles, its error against the fp32 GEMM of its rounded operands and against bf16
-    (the activations' rounding as well), and, from W8A8_MIN_ROWS, the best of W8A8_SWEEP (row
-    blocks up to the rows' power of two)."""
+    row, then with one per row and 128 of K) at its tiles, its error against the fp32 GEMM of
+    its rounded operands and against bf16 (the activations' rounding as well), and, from
+    W8A8_MIN_ROWS, the best of W8A8_SWEEP (row blocks up to the rows' power of two, and of 64
+    at fewer rows: Triton takes Hopper's FP8 wgmma only from 64-row blocks, and compiles
+    smaller ones to fp16 MMAs over operands converted from e4m3)."""
     import torch
     import triton
 
@@ -265,7 +267,7 @@ def _measure_w8a8(x, fp8, want, copies: int) -> dict:
     y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     timed = {}
     for tiles in W8A8_SWEEP:
-        if tiles[-1] > max(32, triton.next_power_of_2(m)):
+        if tiles[-1] > max(64, triton.next_power_of_2(m)):
             continue
         try:
             timed[tiles] = time_in_graph(
