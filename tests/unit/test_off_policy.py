@@ -122,3 +122,60 @@ def test_the_sync_loss_gets_per_token_advantages_and_the_batch_is_left_alone() -
     assert batch["advantages"].tolist() == [1.0, -2.0], "TRL may reuse its batch"
     assert "_get_per_token_logps_and_entropies" not in vars(trainer), "the method is restored"
     assert seen and seen[0]["truncated_fraction"] == pytest.approx(1 / 5)
+
+
+def _rank_figures(rank: int, init_file: str, halves: list, results) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    try:
+        for mode in ("token_tis", "sequence_mis"):
+            _, stats = correction_weights(*halves[rank], mode, cap=2.0)
+            results.put((rank, mode, stats))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_log_the_figures_of_all_their_tokens(tmp_path) -> None:
+    """Each rank sees half the step's samples; each logs what one process over all of them
+    would (rank 0's alone would miss the large ratios on rank 1)."""
+    import torch.multiprocessing as mp
+
+    trainer = torch.log(torch.tensor([0.5, 0.5, 0.9, 0.2, 0.2, 0.6, 0.1]))
+    rollout = torch.log(torch.tensor([0.5, 0.1, 0.3, 0.2, 0.25, 0.6, 0.4]))
+    segment = torch.tensor([0, 0, 1, 2, 2, 3, 3])
+    halves = [
+        (trainer[:3], rollout[:3], segment[:3]),
+        (trainer[3:], rollout[3:], segment[3:] - 2),
+    ]
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    ranks = [
+        context.Process(target=_rank_figures, args=(r, str(tmp_path / "init"), halves, results))
+        for r in range(2)
+    ]
+    try:
+        for process in ranks:
+            process.start()
+        seen = [results.get(timeout=120) for _ in range(4)]
+        for process in ranks:
+            process.join(timeout=30)
+    finally:
+        for process in ranks:
+            if process.is_alive():
+                process.kill()
+    assert [p.exitcode for p in ranks] == [0, 0]
+    for mode in ("token_tis", "sequence_mis"):
+        _, whole = correction_weights(trainer, rollout, segment, mode, cap=2.0)
+        per_rank = {rank: stats for rank, m, stats in seen if m == mode}
+        assert per_rank[0] == pytest.approx(whole) and per_rank[1] == pytest.approx(whole)
+        _, rank_0_alone = correction_weights(*halves[0], mode, cap=2.0)
+        assert rank_0_alone != pytest.approx(whole), "the test's halves must differ"

@@ -32,33 +32,67 @@ def correction_weights(
     cap: float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Per-token weights (no gradient) for the flat tokens of one forward, each belonging to
-    sample `segment_id`; and the step's mismatch figures."""
+    sample `segment_id`; and the step's mismatch figures over every rank's tokens (each rank
+    calls this once a forward, as it runs the forward itself)."""
     import torch
 
     with torch.no_grad():
         log_ratio = trainer_logps.detach().float() - rollout_logps.float()
         ratio = torch.exp(log_ratio)
-        stats = {
-            "ratio_mean": float(ratio.mean()) if ratio.numel() else 1.0,
-            "ratio_max": float(ratio.max()) if ratio.numel() else 1.0,
-            "kl": float((-log_ratio).mean()) if ratio.numel() else 0.0,
-        }
+        outside_count = torch.zeros((), device=ratio.device)
+        num_samples = 0
         if mode == "none":
             weights = torch.ones_like(ratio)
         elif mode == "token_tis":
             weights = ratio.clamp(max=cap)
-            stats["truncated_fraction"] = float((ratio > cap).float().mean())
         elif mode == "sequence_mis":
-            num = int(segment_id.max()) + 1 if segment_id.numel() else 0
-            per_sample = torch.zeros(num, device=ratio.device).index_add_(0, segment_id, log_ratio)
-            outside = (per_sample > torch.log(torch.tensor(cap))) | (
-                per_sample < -torch.log(torch.tensor(cap))
-            )
+            num_samples = int(segment_id.max()) + 1 if segment_id.numel() else 0
+            per_sample = torch.zeros(num_samples, device=ratio.device)
+            per_sample.index_add_(0, segment_id, log_ratio)
+            outside = per_sample.abs() > torch.log(torch.tensor(cap))
             weights = (~outside[segment_id]).float()
-            stats["masked_fraction"] = float(outside.float().mean()) if num else 0.0
+            outside_count = outside.sum()
         else:
             raise ValueError(f"unknown off-policy correction {mode!r}")
-    return weights, stats
+        # Sums, so that the ranks' figures add up to those of one process over all their tokens.
+        totals = torch.stack(
+            [
+                torch.tensor(float(ratio.numel()), device=ratio.device),
+                ratio.sum(),
+                (-log_ratio).sum(),
+                (ratio > cap).sum().float(),
+                outside_count.float(),
+                torch.tensor(float(num_samples), device=ratio.device),
+            ]
+        ).double()
+        peak = ratio.max().double() if ratio.numel() else torch.tensor(0.0, device=ratio.device)
+        totals, peak = _summed_over_ranks(totals, peak.double().reshape(1))
+    return weights, _figures(totals.tolist(), float(peak), mode)
+
+
+def _summed_over_ranks(totals: torch.Tensor, peak: torch.Tensor):
+    """The totals summed and the peak taken over the trainer's ranks (one process: as they are).
+    TRL's own figures are gathered over ranks the same way before they are logged."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(totals)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return totals, peak
+
+
+def _figures(totals: list[float], peak: float, mode: str) -> dict[str, float]:
+    tokens, ratio_sum, neg_log_ratio_sum, truncated, masked, samples = totals
+    stats = {
+        "ratio_mean": ratio_sum / tokens if tokens else 1.0,
+        "ratio_max": peak if tokens else 1.0,
+        "kl": neg_log_ratio_sum / tokens if tokens else 0.0,
+    }
+    if mode == "token_tis":
+        stats["truncated_fraction"] = truncated / tokens if tokens else 0.0
+    elif mode == "sequence_mis":
+        stats["masked_fraction"] = masked / samples if samples else 0.0
+    return stats
 
 
 class RecordsMismatch:
