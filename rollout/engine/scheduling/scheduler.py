@@ -162,6 +162,11 @@ class Scheduler:
                     continue
             num_new = min(num_tokens - start, budget)
             if num_new == 1 and writes_in_place(seq.block_table, start):
+                if start >= len(seq.prompt_token_ids):
+                    self._add_decode_token(plan, seq, start)  # the common case, kept short
+                    budget -= 1
+                    in_step.add(seq.seq_id)
+                    continue
                 needed = 0  # a decode token into its own block: no room to make
             else:
                 needed = self._make_room(seq, num_new, in_step, plan)
@@ -308,6 +313,24 @@ class Scheduler:
                 self._append_placeholder(plan, child, chunk_index)
             seq.num_forks_pending = 0
         return num_new
+
+    def _add_decode_token(self, plan: StepPlan, seq: Sequence, start: int) -> None:
+        """`_add_chunk` for one generated token written into seq's own block: nothing to grow,
+        no prefill to register, no fork (a group forks when its prompt ends)."""
+        token_ids = seq.token_ids
+        token = token_ids[start]
+        assert start + 1 == len(token_ids) and seq.num_forks_pending == 0
+        carry_row = -1
+        if token == PLACEHOLDER:
+            assert seq.pending_step == plan.step_id - 1, "placeholder from an older step"
+            carry_row = seq.pending_row
+        rows = plan.rows
+        plan.chunks.append(ScheduledChunk(seq, start, [token], carry_row, 1))
+        plan.num_tokens += 1
+        seq.num_computed_tokens = start + 1
+        seq.pending_step, seq.pending_row = plan.step_id, len(rows)
+        token_ids.append(PLACEHOLDER)
+        rows.append(SampleRow(seq, start + 1, len(plan.chunks) - 1))
 
     def _grow(self, plan: StepPlan, seq: Sequence, end: int) -> None:
         """Give seq's block table what its tokens up to `end` need (new blocks, copies of shared

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from rollout.engine.scheduling.sequence import Sequence
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledChunk:
     """One sequence's share of a step: positions [start, start + len(token_ids))."""
 
@@ -29,7 +29,7 @@ class ScheduledChunk:
     after each of its last num_drafts + 1 positions."""
 
 
-@dataclass
+@dataclass(slots=True)
 class SampleRow:
     """One token the sampler draws this step."""
 
