@@ -82,30 +82,35 @@ def wide_model_with_outliers(seed: int):
     return model
 
 
-FP8_KV_ATTENTION = "fp8_kv_sdpa"
-
-
 def with_fp8_kv_attention(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of `model` whose attention sees its keys and values rounded as the FP8 KV cache
-    stores them (e4m3, a power-of-two scale per token and head), then runs transformers' SDPA:
+    stores them (e4m3, a power-of-two scale per token and head), then runs the model's own
+    attention (its eager function, with whatever softcap, sinks or window it applies, or SDPA):
     what an engine with kv_cache_dtype="fp8" computes."""
+    import sys
+
     from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import sdpa_mask
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from rollout.kernels.torch_fp8 import quantize_kv
+
+    own = model.config._attn_implementation
+    name = f"fp8_kv_{own}"
 
     def rounded(x: torch.Tensor) -> torch.Tensor:  # [batch, kv_heads, tokens, head_dim]
         q, scale = quantize_kv(x)
         return dequantize_rows(q, scale, x.dtype)
 
     def attention(module, query, key, value, attention_mask, **kwargs):
-        return sdpa_attention_forward(
-            module, query, rounded(key), rounded(value), attention_mask, **kwargs
-        )
+        if own == "eager":  # each modeling file has its own
+            forward = sys.modules[type(module).__module__].eager_attention_forward
+        else:
+            forward = ALL_ATTENTION_FUNCTIONS[own]
+        return forward(module, query, rounded(key), rounded(value), attention_mask, **kwargs)
 
-    AttentionInterface.register(FP8_KV_ATTENTION, attention)
-    AttentionMaskInterface.register(FP8_KV_ATTENTION, sdpa_mask)
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[own])
     copied = copy.deepcopy(model)
-    copied.set_attn_implementation(FP8_KV_ATTENTION)
+    copied.set_attn_implementation(name)
     return copied

@@ -15,6 +15,7 @@ import torch
 
 from rollout import EngineConfig, LLMEngine, SamplingParams
 from rollout.engine.model.capabilities import UnsupportedModelError
+from tests.fp8_oracle import with_fp8_kv_attention
 
 VOCAB = 96
 WINDOW = 8  # every sliding window: shorter than the longer prompts below
@@ -179,7 +180,8 @@ class Outcome:
 
 def try_family(model_type: str, **engine_overrides) -> Outcome:
     """The family's outcome with the engine's defaults changed by `engine_overrides`. With
-    weight_quantization="fp8" the oracle is the model with the engine's rounded weights: exact
+    weight_quantization="fp8" the oracle is the model with the engine's rounded weights, with
+    kv_cache_dtype="fp8" the model whose attention sees FP8-rounded keys and values: exact
     means the engine serves the FP8 model as transformers computes it."""
     try:
         model = tiny_model(model_type)
@@ -193,6 +195,8 @@ def try_family(model_type: str, **engine_overrides) -> Outcome:
         return Outcome(model_type, "CRASH AT CONSTRUCTION", repr(err))
     if engine_overrides.get("weight_quantization", "none") != "none":
         model = with_weights_of(model, engine.model)
+    if engine_overrides.get("kv_cache_dtype", "auto") == "fp8":
+        model = with_fp8_kv_attention(model)
     cases = prompts()
     try:
         expected = [hf_greedy(model, p) for p in cases]
@@ -205,4 +209,24 @@ def try_family(model_type: str, **engine_overrides) -> Outcome:
     got = [r.token_ids for r in results]
     if got != expected:
         return Outcome(model_type, "DIFFERENT", f"engine {got} vs generate {expected}")
+    # An FP8 cache rounds every key and value: a difference of fp32's last bits before it (the
+    # order of a sum) can move one element to its neighbouring e4m3 value, ~5e-4 on a logprob.
+    tolerance = 1e-3 if engine_overrides.get("kv_cache_dtype") == "fp8" else 1e-4
+    for prompt, result in zip(cases, results, strict=True):
+        worst = max_logprob_difference(model, prompt, result)
+        if worst > tolerance:
+            return Outcome(
+                model_type, "DIFFERENT", f"logprobs {worst:.1e} from the model's (> {tolerance})"
+            )
     return Outcome(model_type, "exact", type(model).__name__)
+
+
+def max_logprob_difference(model, prompt: list[int], result) -> float:
+    """The largest gap between the engine's greedy logprobs and the model's own forward over the
+    prompt and the engine's tokens."""
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logits = model(torch.tensor([prompt + result.token_ids], device=model.device)).logits
+    logprobs = torch.log_softmax(logits[0, len(prompt) - 1 : -1].float(), dim=-1)
+    own = logprobs.gather(1, torch.tensor(result.token_ids)[:, None])[:, 0]
+    return float((own - torch.tensor(result.logprobs)).abs().max())

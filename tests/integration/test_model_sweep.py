@@ -66,6 +66,26 @@ def test_every_family_with_fp8_weights_is_exact_or_refused_up_front() -> None:
     assert not bad, "\n".join(f"{o.family}: {o.result}: {o.detail[:300]}" for o in bad)
 
 
+@pytest.mark.slow
+def test_every_family_with_an_fp8_kv_cache_is_exact_or_refused_up_front() -> None:
+    """The oracle: the model whose attention sees its keys and values rounded as the FP8 cache
+    holds them, through its own attention function (softcaps, sinks and windows included)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    transformers.logging.set_verbosity_error()
+    outcomes = [
+        try_family(family, kv_cache_dtype="fp8")
+        for family in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    ]
+    print("\n" + table(outcomes))
+    by_family = {o.family: o for o in outcomes}
+    for family, result in EXPECTED.items():
+        assert by_family[family].result == result, (family, by_family[family].detail)
+    bad = [o for o in outcomes if not o.acceptable]
+    assert not bad, "\n".join(f"{o.family}: {o.result}: {o.detail[:300]}" for o in bad)
+
+
 def table(outcomes: list[Outcome]) -> str:
     """Markdown: each outcome with its families, and why the refused ones were refused."""
     lines = ["| outcome | families |", "|---|---|"]
