@@ -47,6 +47,23 @@ def rounded_copy(
     return rounded
 
 
+def with_rounded_inputs(model: torch.nn.Module, input_scales: str) -> torch.nn.Module:
+    """A copy of `model` whose every plain `nn.Linear` in the decoder layers but the routers
+    (the projections activation_quantization covers, whatever their names) rounds its input
+    ("row" or "group", as in `rounded_copy`). Its weights are left as they are: give it the
+    engine's (`tests.model_zoo.with_weights_of`)."""
+    from rollout.engine.model.fp8_weights import is_router
+    from rollout.engine.model.loader import decoder_layers
+
+    hook = {"row": _round_input_rows, "group": _round_input_groups}[input_scales]
+    copied = copy.deepcopy(model)
+    for layer in decoder_layers(copied, setting="activation_quantization"):
+        for name, module in layer.named_modules():
+            if type(module) is torch.nn.Linear and not is_router(name):
+                module.register_forward_pre_hook(hook)
+    return copied
+
+
 def _round_input_rows(module: torch.nn.Module, args: tuple) -> tuple:
     x = args[0]
     return (dequantize_rows(*quantize_rows(x), x.dtype), *args[1:])

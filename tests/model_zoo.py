@@ -15,7 +15,7 @@ import torch
 
 from rollout import EngineConfig, LLMEngine, SamplingParams
 from rollout.engine.model.capabilities import UnsupportedModelError
-from tests.fp8_oracle import with_fp8_kv_attention
+from tests.fp8_oracle import with_fp8_kv_attention, with_rounded_inputs
 
 VOCAB = 96
 WINDOW = 8  # every sliding window: shorter than the longer prompts below
@@ -180,8 +180,9 @@ class Outcome:
 
 def try_family(model_type: str, **engine_overrides) -> Outcome:
     """The family's outcome with the engine's defaults changed by `engine_overrides`. With
-    weight_quantization="fp8" the oracle is the model with the engine's rounded weights, with
-    kv_cache_dtype="fp8" the model whose attention sees FP8-rounded keys and values: exact
+    weight_quantization="fp8" the oracle is the model with the engine's rounded weights (and with
+    activation_quantization, its projections' inputs rounded too), with kv_cache_dtype="fp8"
+    the model whose attention sees FP8-rounded keys and values: exact
     means the engine serves the FP8 model as transformers computes it."""
     try:
         model = tiny_model(model_type)
@@ -195,6 +196,9 @@ def try_family(model_type: str, **engine_overrides) -> Outcome:
         return Outcome(model_type, "CRASH AT CONSTRUCTION", repr(err))
     if engine_overrides.get("weight_quantization", "none") != "none":
         model = with_weights_of(model, engine.model)
+    activations = engine_overrides.get("activation_quantization", "none")
+    if activations != "none":
+        model = with_rounded_inputs(model, {"fp8": "row", "fp8-group": "group"}[activations])
     if engine_overrides.get("kv_cache_dtype", "auto") == "fp8":
         model = with_fp8_kv_attention(model)
     cases = prompts()
