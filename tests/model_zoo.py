@@ -172,6 +172,7 @@ class Outcome:
     family: str
     result: str  # "exact", "refused", "cannot be built small"; or a failure in capitals
     detail: str = ""
+    verifications: int = 0  # with speculative="ngram": the steps that verified drafts
 
     @property
     def acceptable(self) -> bool:
@@ -222,7 +223,8 @@ def try_family(model_type: str, **engine_overrides) -> Outcome:
             return Outcome(
                 model_type, "DIFFERENT", f"logprobs {worst:.1e} from the model's (> {tolerance})"
             )
-    return Outcome(model_type, "exact", type(model).__name__)
+    verified = engine.stats().speculation.verifications
+    return Outcome(model_type, "exact", type(model).__name__, verifications=verified)
 
 
 def max_logprob_difference(model, prompt: list[int], result) -> float:

@@ -36,7 +36,7 @@ EXPECTED_FP8 = {**EXPECTED, "phimoe": "exact", "mixtral": "exact", "qwen2_moe": 
 EXPECTED_W8A8 = {**EXPECTED, "qwen3_moe": "refused", "gpt_oss": "refused"}
 
 
-def sweep(expected: dict[str, str], **engine_overrides) -> None:
+def sweep(expected: dict[str, str], **engine_overrides) -> list[Outcome]:
     """Every family's outcome with these engine settings (the oracle follows them: see
     `try_family`); the known ones as `expected`, none failing."""
     import transformers
@@ -53,6 +53,7 @@ def sweep(expected: dict[str, str], **engine_overrides) -> None:
         assert by_family[family].result == result, (family, by_family[family].detail)
     bad = [o for o in outcomes if not o.acceptable]
     assert not bad, "\n".join(f"{o.family}: {o.result}: {o.detail[:300]}" for o in bad)
+    return outcomes
 
 
 @pytest.mark.slow
@@ -78,6 +79,17 @@ def test_every_family_with_fp8_activations_is_exact_or_refused_up_front() -> Non
     would round them alike): the oracle rounds the input of every projection the engine rounds,
     whatever the family names it."""
     sweep(EXPECTED_W8A8, weight_quantization="fp8", activation_quantization="fp8")
+
+
+@pytest.mark.slow
+def test_every_family_with_ngram_speculation_is_exact_or_refused_up_front() -> None:
+    """Verification steps (several query tokens a sequence through the decode kernel, causal
+    among themselves) under every family's windows, softcaps and sinks: the tokens and logprobs
+    of plain decoding. The greedy outputs of random models repeat themselves, so drafts come."""
+    outcomes = sweep(EXPECTED, speculative="ngram", speculative_max_seqs=8)
+    exact = [o for o in outcomes if o.result == "exact"]
+    unverified = [o.family for o in exact if o.verifications == 0]
+    assert len(unverified) < len(exact) / 4, f"few families verified a draft: {unverified}"
 
 
 def table(outcomes: list[Outcome]) -> str:
