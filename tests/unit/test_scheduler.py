@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from rollout.engine.sampling_params import SamplingParams
 from rollout.engine.scheduling.block_manager import BlockManager
-from rollout.engine.scheduling.scheduler import Scheduler, count_table_references
+from rollout.engine.scheduling.scheduler import Scheduler
 from rollout.engine.scheduling.sequence import PLACEHOLDER, Completion, Sequence, Status
 from rollout.engine.scheduling.step_inputs import build_step_inputs
 from rollout.engine.scheduling.step_plan import ScheduledChunk, StepPlan
@@ -1055,3 +1055,12 @@ def _seeded_workload(seed: int) -> tuple[Harness, list[Request]]:
         for i in range(5)
     ]  # fmt: skip
     return h, requests
+
+
+def count_table_references(seqs, num_blocks: int) -> np.ndarray:
+    """How many block tables reference each block (compared with the block manager's counts)."""
+    refs = np.zeros(num_blocks, dtype=np.int32)
+    for seq in seqs:
+        for block in seq.block_table:
+            refs[block] += 1
+    return refs

@@ -7,6 +7,7 @@ step N+1 while the device runs step N.
     sequence.py        Sequence: the host state of one sample; Completion: its result
     block_manager.py   KV blocks: free list, reference counts, copy-on-write
     scheduler.py       continuous batching under a token budget, chunked prefill, preemption
+    queues.py          the waiting and running queues, oldest first; the block-table rows
     speculation.py     Speculation: when to try, drafts, verification chunks and what they emit
     ngram_drafts.py    draft tokens from n-grams of a request's own samples
     prefix_registry.py which blocks a sequence offers to the prefix cache, and when

@@ -16,14 +16,14 @@ placeholders they need through `carry_row` (the previous step's sampler row).
 
 from __future__ import annotations
 
-import bisect
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import numpy as np
 
 from rollout.engine.scheduling.block_manager import BlockManager
 from rollout.engine.scheduling.prefix_registry import PrefixRegistry
+from rollout.engine.scheduling.queues import SequenceQueues
 from rollout.engine.scheduling.sequence import PLACEHOLDER, Sequence, Status
 from rollout.engine.scheduling.speculation import Speculation
 from rollout.engine.scheduling.step_plan import SampleRow, ScheduledChunk, StepPlan
@@ -61,8 +61,6 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self.stop_string_hit = stop_string_hit
-        self.waiting: list[Sequence] = []
-        self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.num_prefix_hit_tokens = 0
         """Tokens whose KV came from the prefix cache instead of being computed."""
@@ -76,11 +74,20 @@ class Scheduler:
         self._prefix = PrefixRegistry(block_manager, prefix_caching)
         self._next_step = 0
         self._next_seq_id = 1_000_000_000  # forked samples; requests use small ids
-        # A numpy mirror of the running sequences' block tables, one row each, updated only when a
-        # table changes (every block_size tokens), so a step gathers its tables in one indexing op.
-        width = -(-max_model_len // block_manager.block_size)
-        self.table_rows = np.zeros((max_num_seqs, width), dtype=np.int32)
-        self._free_rows = list(range(max_num_seqs - 1, -1, -1))
+        self._queues = SequenceQueues(max_num_seqs, -(-max_model_len // block_manager.block_size))
+
+    @property
+    def waiting(self) -> list[Sequence]:
+        return self._queues.waiting
+
+    @property
+    def running(self) -> list[Sequence]:
+        return self._queues.running
+
+    @property
+    def table_rows(self) -> np.ndarray:
+        """The running sequences' block tables, a row each (queues.py)."""
+        return self._queues.table_rows
 
     def wants_speculation(self) -> bool:
         """Whether the next step verifies drafts where it can (Speculation.wants)."""
@@ -92,7 +99,7 @@ class Scheduler:
         assert seq.status is Status.WAITING and not seq.block_table
         seq.token_limit = self._token_limit(seq)
         self.speculation.prepare(seq)
-        _insort(self.waiting, seq)
+        self._queues.wait(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -107,7 +114,7 @@ class Scheduler:
                 unforked.append(self._new_sample(seq, seq.sample_index + j, status=Status.FINISHED))
                 unforked[-1].finish_reason = "abort"
             seq.num_forks_pending = 0
-            self._finish(seq, "abort", keep=self._num_resolved(seq))
+            self._finish(seq, "abort", keep=seq.num_resolved_tokens)
         return hits + unforked
 
     def reset_prefix_cache(self) -> None:
@@ -213,7 +220,7 @@ class Scheduler:
             whole = bm.num_blocks_for(seq.num_tokens) - len(hits) + bm.num_evictable(hits)
             if whole + len(self.running) > bm.num_free_blocks:
                 break
-            self.waiting.pop(0)
+            self._queues.leave(seq)
             budget -= self._start_running(plan, seq, hits, budget)
 
     def _start_running(self, plan: StepPlan, seq: Sequence, hits: list[int], budget: int) -> int:
@@ -230,9 +237,7 @@ class Scheduler:
         seq.status = Status.RUNNING
         if seq.first_scheduled_time is None:
             seq.first_scheduled_time = time.monotonic()
-        seq.table_row = self._free_rows.pop()
-        self.table_rows[seq.table_row, : len(seq.block_table)] = seq.block_table
-        _insort(self.running, seq)
+        self._queues.run(seq)
         return self._add_chunk(plan, seq, num_new, needed)
 
     def process_results(
@@ -337,7 +342,7 @@ class Scheduler:
         ones the step writes into) and mirror it in its table row."""
         start = seq.num_computed_tokens
         plan.block_copies += self.block_manager.append(seq.block_table, start, end)
-        self.table_rows[seq.table_row, : len(seq.block_table)] = seq.block_table
+        self._queues.write_table(seq)
 
     def _append_placeholder(self, plan: StepPlan, seq: Sequence, chunk_index: int) -> None:
         seq.pending_step, seq.pending_row = plan.step_id, len(plan.rows)
@@ -352,31 +357,13 @@ class Scheduler:
         child = self._new_sample(parent, sample_index, status=Status.RUNNING)
         child.num_computed_tokens = parent.num_computed_tokens
         child.block_table = self.block_manager.share(parent.block_table)
-        child.table_row = self._free_rows.pop()
-        self.table_rows[child.table_row] = self.table_rows[parent.table_row]
-        _insort(self.running, child)
+        self._queues.run(child, shares_table_of=parent)
         return child
 
     def _new_sample(self, parent: Sequence, sample_index: int, status: Status) -> Sequence:
         self._next_seq_id += 1
-        child = Sequence(
-            seq_id=self._next_seq_id,
-            request_id=parent.request_id,
-            index=parent.index - parent.sample_index + sample_index,
-            params=parent.params,
-            seed=parent.seed,
-            sample_index=sample_index,
-            prompt_token_ids=parent.prompt_token_ids,
-            arrival=parent.arrival,
-            arrival_time=parent.arrival_time,
-            first_scheduled_time=parent.first_scheduled_time,
-            status=status,
-        )
+        child = parent.sibling(self._next_seq_id, sample_index, status)
         child.token_limit = self._token_limit(child)  # its own length, with sample_lengths
-        child.block_digests = list(parent.block_digests)  # the shared prompt's
-        if parent.ngrams is not None:
-            child.ngrams = parent.ngrams
-            child.ngrams.members.append(child)
         return child
 
     def _make_room(self, seq: Sequence, num_new: int, in_step: set[int], plan: StepPlan) -> int:
@@ -397,60 +384,27 @@ class Scheduler:
         return needed
 
     def _preempt(self, seq: Sequence) -> None:
-        self.running.remove(seq)
-        self._release_row(seq)
+        self._queues.leave(seq)
         self._prefix.register(seq, seq.num_computed_tokens)  # its recompute may find them
         self.block_manager.free(seq.block_table)
         seq.num_computed_tokens = 0
         seq.status = Status.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        _insort(self.waiting, seq)
-
-    def _release_row(self, seq: Sequence) -> None:
-        assert seq.table_row >= 0, "a running sequence owns a table row"
-        self._free_rows.append(seq.table_row)
-        seq.table_row = -1
+        self._queues.wait(seq)
 
     def _token_limit(self, seq: Sequence) -> int:
         lengths = seq.params.sample_lengths
         new = lengths[seq.sample_index] if lengths else seq.params.max_tokens
         return min(seq.num_prompt_tokens + new, self.max_model_len)
 
-    def _num_resolved(self, seq: Sequence) -> int:
-        n = seq.num_tokens
-        while n > seq.num_prompt_tokens and seq.token_ids[n - 1] == PLACEHOLDER:
-            n -= 1
-        return n
-
     def _finish(self, seq: Sequence, reason: str, keep: int) -> None:
         if seq.block_table:
             self._prefix.register(seq, min(seq.num_computed_tokens, keep))
-        if seq.status is Status.RUNNING:
-            self.running.remove(seq)
-            self._release_row(seq)
-        elif seq.status is Status.WAITING:
-            self.waiting.remove(seq)
+        self._queues.leave(seq)
         self.block_manager.free(seq.block_table)
         del seq.token_ids[keep:]
         del seq.logprobs[keep - seq.num_prompt_tokens :]
         seq.status = Status.FINISHED
         seq.finish_reason = reason
         seq.pending_step = seq.pending_row = -1
-
-
-def _insort(queue: list[Sequence], seq: Sequence) -> None:
-    bisect.insort(queue, seq, key=_age)
-
-
-def _age(seq: Sequence) -> tuple[int, int]:
-    return (seq.arrival, seq.seq_id)
-
-
-def count_table_references(seqs: Iterable[Sequence], num_blocks: int) -> np.ndarray:
-    """How many block tables reference each block (tests compare it with the reference counts)."""
-    refs = np.zeros(num_blocks, dtype=np.int32)
-    for seq in seqs:
-        for block in seq.block_table:
-            refs[block] += 1
-    return refs

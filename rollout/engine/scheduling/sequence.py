@@ -108,6 +108,36 @@ class Sequence:
         return len(self.token_ids) - len(self.prompt_token_ids)
 
     @property
+    def num_resolved_tokens(self) -> int:
+        """Its tokens up to the first PLACEHOLDER still waiting for a step's result."""
+        n = len(self.token_ids)
+        while n > len(self.prompt_token_ids) and self.token_ids[n - 1] == PLACEHOLDER:
+            n -= 1
+        return n
+
+    def sibling(self, seq_id: int, sample_index: int, status: Status) -> Sequence:
+        """Another sample of its group (request), with the group's prompt, seed and n-gram
+        index and the prompt's block digests; no blocks yet, no tokens past the prompt."""
+        child = Sequence(
+            seq_id=seq_id,
+            request_id=self.request_id,
+            index=self.index - self.sample_index + sample_index,
+            params=self.params,
+            seed=self.seed,
+            sample_index=sample_index,
+            prompt_token_ids=self.prompt_token_ids,
+            arrival=self.arrival,
+            arrival_time=self.arrival_time,
+            first_scheduled_time=self.first_scheduled_time,
+            status=status,
+        )
+        child.block_digests = list(self.block_digests)  # the shared prompt's
+        if self.ngrams is not None:
+            child.ngrams = self.ngrams
+            child.ngrams.members.append(child)
+        return child
+
+    @property
     def is_finished(self) -> bool:
         return self.status is Status.FINISHED
 
