@@ -18,6 +18,9 @@ from rollout.engine.scheduling.sequence import Sequence, Status
 
 
 class SequenceQueues:
+    """Which sequences wait and which run, in age order; a running sequence's table row. The
+    scheduler decides who moves; this keeps the queues, rows and mirror consistent."""
+
     def __init__(self, max_num_seqs: int, max_blocks_per_seq: int) -> None:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
