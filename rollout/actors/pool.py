@@ -10,27 +10,22 @@ again, whole, on the others (a new attempt number makes any stray late sample ha
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from rollout.actors.messages import ActorDeath, CompletedGroup, FinishedSample, GroupRequest
-from rollout.actors.pool_weights import ActorsLostDuringSync, ActorWeightSync
-from rollout.actors.rank_sync import RankSyncPlan
+from rollout.actors.pool_syncs import PoolWeightSyncs
+from rollout.actors.pool_weights import ActorWeightSync
 from rollout.actors.worker import RolloutWorker
 from rollout.engine.config import EngineConfig
-from rollout.engine.model.loader import TORCH_DTYPES, resolve_dtype
 from rollout.engine.sampling_params import SamplingParams
 from rollout.environments.base import EpisodeLimits
-from rollout.weight_sync.adapter_manifest import LoraAdapter, adapter_manifest_for
-from rollout.weight_sync.manifest import DEFAULT_BUCKET_BYTES, manifest_for, manifest_from_specs
+from rollout.weight_sync.manifest import DEFAULT_BUCKET_BYTES
 
 
 @dataclass
@@ -48,7 +43,7 @@ class _Group:
         )
 
 
-class RolloutPool:
+class RolloutPool(PoolWeightSyncs):
     def __init__(
         self,
         engine_config: EngineConfig,
@@ -185,109 +180,6 @@ class RolloutPool:
         self._collector.join(timeout=10)
         for a in self._live().values():
             self._ray.kill(a, no_restart=True)
-
-    # ---- weights ---------------------------------------------------------------------------
-
-    def sync_weights(
-        self,
-        named_tensors: Iterable[tuple[str, torch.Tensor]],
-        version: int | None = None,
-        backend: str = "gloo",
-        specs: list[tuple[str, tuple[int, ...]]] | None = None,
-        device: torch.device | str | None = None,
-    ) -> dict:
-        """Broadcast the trainer's weights to every live actor (in place, at a step boundary).
-
-        By default every tensor is held at once and a sync broken by an actor's death runs again
-        over the survivors. With `specs` ((name, shape) in the order `named_tensors` yields
-        them), the tensors are pulled one bucket at a time, just before the bucket is sent, into
-        staging buffers on `device`: a trainer sharded with FSDP2 gathers each full tensor
-        (`full_tensor()`) as it is pulled and never holds the whole model. Such a sync cannot run
-        again, so an actor's death during it raises RuntimeError naming the actor."""
-        if specs is None:
-            named = [(n, t) for n, t in named_tensors]
-            rollout_dtype = TORCH_DTYPES.get(self.engine_config.dtype, named[0][1].dtype)
-            manifest = manifest_for(named, rollout_dtype, self.weight_bucket_bytes)
-            send = functools.partial(self._weights.send, manifest=manifest, named=named)
-            return self._sync("check_weights", manifest, send, version, backend, retry=True)
-        if device is None:
-            raise ValueError(
-                "sync_weights with specs needs device=: where the trainer's full tensors are "
-                "gathered (the staging buffers go there)"
-            )
-        device = torch.device(device)
-        # No tensor to take a dtype from: "auto" resolves as an engine on the trainer's kind of
-        # device would resolve it.
-        rollout_dtype = resolve_dtype(self.engine_config.dtype, device)
-        manifest = manifest_from_specs(specs, rollout_dtype, self.weight_bucket_bytes)
-        send = functools.partial(
-            self._weights.send, manifest=manifest, named=named_tensors, device=device, lazy=True
-        )
-        return self._sync("check_weights", manifest, send, version, backend, retry=False)
-
-    def sync_adapter(
-        self, adapter: LoraAdapter, version: int | None = None, backend: str = "gloo"
-    ) -> dict:
-        """Send a LoRA adapter, (module name, lora_A [r, in], lora_B [out, r], alpha / r) per
-        module, to every live actor; each merges it into a snapshot of its base weights
-        (rollout.actors.adapter_merge), so only the adapter's float32 factors travel. Every sync
-        must name the same modules as the first."""
-        manifest, factors = adapter_manifest_for(adapter, self.weight_bucket_bytes)
-        send = functools.partial(self._weights.send_adapter, manifest=manifest, factors=factors)
-        return self._sync("check_adapter", manifest, send, version, backend, retry=True)
-
-    def rank_sync_plan(self, backend: str) -> RankSyncPlan:
-        """The next sync for trainer ranks that each send to their own actors (rank_sync.py):
-        the live actors, the version they take, how to send. Pause the pool first; once every
-        rank has sent, `ranks_synced(plan)` counts the version."""
-        return RankSyncPlan(
-            actors=self._live(),
-            version=self.version + 1,
-            engine_dtype=self.engine_config.dtype,
-            bucket_bytes=self.weight_bucket_bytes,
-            backend=backend,
-        )
-
-    def ranks_synced(self, plan: RankSyncPlan) -> None:
-        self.version = plan.version
-
-    def _sync(
-        self,
-        check: str,
-        manifest: Any,
-        send: Callable[..., int],
-        version: int | None,
-        backend: str,
-        retry: bool,
-    ) -> dict:
-        """Check `manifest` on every live actor, then `send(live=, version=, backend=)`; with
-        `retry`, a sync broken by actors' deaths runs again over the survivors."""
-        # Every actor checks names and shapes first; a mismatch raises before anything moves. An
-        # actor found dead here is dropped (its groups move) and the others are synced.
-        self._on_live_actors(check, manifest)
-        start = time.perf_counter()
-        new_version = version if version is not None else self.version + 1
-        while True:
-            live = self._live()
-            if not live:
-                raise RuntimeError("no live rollout actor to sync weights to")
-            try:
-                sent = send(live=live, version=new_version, backend=backend)
-                break
-            except ActorsLostDuringSync as lost:
-                # Their groups move to the others. The survivors' weights may be torn (they then
-                # refuse to step), so the whole sync runs again over a group of the survivors.
-                for actor, err in lost.dead.items():
-                    self._on_actor_failure(actor, err)
-                if not retry:
-                    raise RuntimeError(
-                        f"{lost}; the survivors' weights may be torn (they generate nothing "
-                        "until synced). A sync pulled bucket by bucket cannot run again here: "
-                        "the tensors were consumed, and a sharded trainer's other ranks cannot "
-                        "repeat their gathers. Sync again from the trainer on every rank"
-                    ) from lost
-        self.version = new_version
-        return {"seconds": time.perf_counter() - start, "bytes": sent, "version": self.version}
 
     def live_actors(self) -> list[int]:
         """The ids of the actors the pool has not lost."""
