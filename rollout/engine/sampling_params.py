@@ -26,7 +26,10 @@ class SamplingParams:
     n: int = 1
     """Samples per prompt; they share the prompt's KV blocks."""
     seed: int | None = None
-    """Same seed + same request = same tokens, whatever else runs in the batch (None = engine seed)."""
+    """The noise a token is drawn with hashes (seed, sample index, position, vocabulary index),
+    whatever else runs in the batch (None = engine seed). On a GPU the batch's size picks the
+    kernels' tiles and splits, so the logits, and with them a near-tie, may differ in their last
+    bits between batches."""
     stop_token_ids: tuple[int, ...] = ()
     """Extra token ids that end a sample (included in its tokens), besides EOS."""
     ignore_eos: bool = False
