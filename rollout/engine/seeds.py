@@ -1,6 +1,6 @@
 """Seeds for requests that bring none, derived from `EngineConfig.seed`: reproducible across runs.
 
-A seed keys its request's sampling noise (execution/sampler.py), so a sample's tokens depend only
+A seed keys its request's sampling noise (execution/sampler.py), so a sample's noise depends only
 on its seed, never on what else runs. Plain requests take theirs from their arrival order in the
 engine; a multi-turn group's episodes from the group's key, and each of their turns from its
 episode's seed, so an episode's tokens do not depend on what the other groups do. (crc32, not

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from rollout.engine.execution.sampler import Sampler, SamplingTensors, _mix32
-from rollout.engine.scheduling.sample_keys import row_keys
+from rollout.engine.sampling_params import SamplingParams
+from rollout.engine.scheduling.sample_keys import row_keys, token_keys
+from rollout.engine.scheduling.sequence import Sequence
 
 CPU = torch.device("cpu")
 
@@ -375,3 +377,29 @@ def test_noise_never_overrides_a_hopeless_token(top_k):
     tokens, logprobs = sampler(logits, make_params(1, top_k=top_k, keys=[key]))
     assert tokens.item() != 5
     assert math.isfinite(logprobs.item()) and logprobs.item() > -100
+
+
+# (seed, sample index, output position) -> key, as the engine has always hashed them: a seed must
+# keep giving the same tokens from one version to the next.
+KNOWN_KEYS = [
+    (11749869230777074271, 13, 36716, 229210000),
+    (755828109848996025, 31, 11180, 4140253389),
+    (0, 26, 37801, 3358161593),
+    (1, 62, 5472, 280555223),
+    (4294967295, 41, 20467, 2038163021),
+    (4294967296, 3, 4024, 2153168640),
+    (18446744073709551615, 50, 25813, 2543878762),
+]
+
+
+def test_row_keys_are_the_known_ones_and_a_sample_key_is_their_fixed_part():
+    columns = zip(*KNOWN_KEYS, strict=True)
+    seeds, indices, positions, expected = (np.array(c, dtype=np.uint64) for c in columns)
+    assert row_keys(seeds, indices, positions).tolist() == expected.astype(np.int64).tolist()
+    params = SamplingParams(max_tokens=4)
+    sequences = [
+        Sequence(0, "r", 0, params, int(seed), int(index), [1, 2], arrival=0)
+        for seed, index in zip(seeds, indices, strict=True)
+    ]
+    held = np.array([s.sample_key for s in sequences], dtype=np.uint64)
+    assert token_keys(held, positions).tolist() == expected.astype(np.int64).tolist()

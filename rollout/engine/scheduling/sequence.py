@@ -5,7 +5,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from rollout.engine.sampling_params import SamplingParams
+from rollout.engine.scheduling.sample_keys import sample_keys
 
 PLACEHOLDER = -1
 """Token id of a sampled token that is still on the device (filled by carry-over, then on the host)."""
@@ -90,10 +93,14 @@ class Sequence:
     """How many draft tokens to propose next (adapted to how many were accepted; 0: the most)."""
     routes: object | None = None
     """Its route_traces.RouteTrace while the engine records routes (None otherwise)."""
+    sample_key: int = field(init=False, default=0)
+    """(seed, sample index) hashed once (sample_keys.py); a step adds each token's position."""
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
+        seed, index = np.array([self.seed], np.uint64), np.array([self.sample_index], np.uint64)
+        self.sample_key = int(sample_keys(seed, index)[0])
 
     @property
     def num_prompt_tokens(self) -> int:

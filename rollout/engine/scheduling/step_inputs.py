@@ -7,7 +7,7 @@ from itertools import chain
 
 import numpy as np
 
-from rollout.engine.scheduling.sample_keys import row_keys
+from rollout.engine.scheduling.sample_keys import token_keys
 from rollout.engine.scheduling.sequence import PLACEHOLDER
 from rollout.engine.scheduling.step_plan import StepPlan
 from rollout.kernels.tiling import EXTEND_BLOCK_M
@@ -138,8 +138,7 @@ def build_step_inputs(
         row_logits += np.fromiter((max(r.draft_index, 0) for r in rows), np.int64, count=num_rows)
     params = [r.seq.params for r in rows]
     temperature, top_k, top_p, min_p = _sampling_arrays(params)
-    seeds = np.fromiter((r.seq.seed for r in rows), dtype=np.uint64, count=num_rows)
-    sample_idx = np.fromiter((r.seq.sample_index for r in rows), dtype=np.uint64, count=num_rows)
+    held_keys = np.fromiter((r.seq.sample_key for r in rows), dtype=np.uint64, count=num_rows)
     out_pos = np.fromiter(
         (r.position - len(r.seq.prompt_token_ids) for r in rows), dtype=np.uint64, count=num_rows
     )
@@ -157,7 +156,7 @@ def build_step_inputs(
         top_k=top_k,
         top_p=top_p,
         min_p=min_p,
-        keys=row_keys(seeds, sample_idx, out_pos),
+        keys=token_keys(held_keys, out_pos),
         block_copies=np.array(plan.block_copies, dtype=np.int64).reshape(-1, 2),
         q_block_seq=q_block_seq,
         q_block_start=q_block_start,
