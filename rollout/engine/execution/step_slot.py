@@ -69,10 +69,12 @@ class StepSlot:
             total += -(-nbytes // 64) * 64
         self.host_bytes = torch.zeros(total, dtype=torch.uint8, pin_memory=pin)
         self.device_bytes = torch.zeros(total, dtype=torch.uint8, device=device)
-        self.host: dict[str, torch.Tensor] = {}
+        # The host side as numpy views of the same (pinned) memory, made once: a step writes
+        # every field, and a view made per field per step costs more than the write.
+        self.host: dict[str, np.ndarray] = {}
         self.device: dict[str, torch.Tensor] = {}
         for name, (offset, nbytes, dtype) in layout.items():
-            self.host[name] = self.host_bytes[offset : offset + nbytes].view(dtype)
+            self.host[name] = self.host_bytes[offset : offset + nbytes].view(dtype).numpy()
             self.device[name] = self.device_bytes[offset : offset + nbytes].view(dtype)
         self.tokens_device = torch.zeros(max_rows, dtype=torch.int64, device=device)
         self.logprobs_device = torch.zeros(max_rows, dtype=torch.float32, device=device)
@@ -91,7 +93,7 @@ class StepSlot:
         shapes = {}
         for name in _INPUT_FIELDS:
             array: np.ndarray = getattr(inputs, name)
-            self.host[name].numpy()[: array.size] = array.reshape(-1)
+            self.host[name][: array.size] = array.reshape(-1)
             shapes[name] = array.shape
         return shapes
 
