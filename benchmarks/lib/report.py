@@ -13,11 +13,16 @@ def commit_id() -> str:
     if os.environ.get("ROLLOUT_COMMIT"):
         return os.environ["ROLLOUT_COMMIT"]
     try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
+        sha = _git("rev-parse", "--short", "HEAD")
+        # Tracked files that differ from HEAD: the figures are not that commit's.
+        changed = _git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    return f"{sha}+dirty" if changed else sha
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def plot_runs(runs: list[dict], title: str, path: Path) -> None:
