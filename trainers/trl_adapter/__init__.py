@@ -6,6 +6,7 @@ package (tested with trl==1.16.0, pinned in pyproject.toml).
 - rollout_worker.py  PoolRolloutWorker: the pool's groups scored into TRL's queue
 - staleness.py       each sample's version by trainer.staleness; the gate that drops stale ones
 - off_policy.py      trainer.off_policy_correction in both modes' losses, the mismatch logged
+- across_ranks.py    a step's logged figures summed or maxed over the trainer's ranks
 - routing_replay.py  trainer.routing_replay: the trainer's routers take the rollout's experts;
                      replay_batches.py lays the routes out like each mode's batch
 - sharded.py         streaming mode across ranks: FSDP2 through accelerate (CPU ranks too), and

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from trainers.trl_adapter import across_ranks
+
 if TYPE_CHECKING:
     import torch
 
@@ -66,19 +68,8 @@ def correction_weights(
             ]
         ).double()
         peak = ratio.max().double() if ratio.numel() else torch.tensor(0.0, device=ratio.device)
-        totals, peak = _summed_over_ranks(totals, peak.double().reshape(1))
+        totals, peak = across_ranks.summed(totals), across_ranks.largest(peak.reshape(1))
     return weights, _figures(totals.tolist(), float(peak), mode)
-
-
-def _summed_over_ranks(totals: torch.Tensor, peak: torch.Tensor):
-    """The totals summed and the peak taken over the trainer's ranks (one process: as they are).
-    TRL's own figures are gathered over ranks the same way before they are logged."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(totals)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-    return totals, peak
 
 
 def _figures(totals: list[float], peak: float, mode: str) -> dict[str, float]:

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from rollout.engine.model.fused_routing import router_code
 from rollout.engine.model.route_recording import model_routers, no_route
+from trainers.trl_adapter import across_ranks
 
 ROUTES_KWARG = "routed_experts"
 
@@ -88,11 +89,13 @@ class RouteReplay:
 
     def take_counts(self) -> dict[str, float]:
         """Since the last call: the share of replayed (token, layer) routes on which the
-        trainer's own top-k would have chosen other experts."""
-        if self.counts is None:
-            return {}
-        replayed, flipped = self.counts.tolist()
+        trainer's own top-k would have chosen other experts, over every rank's tokens (each rank
+        calls this after each of its forwards)."""
+        counts = self.counts
+        if counts is None:  # still takes part in the sum over ranks
+            counts = torch.zeros(2, dtype=torch.int64, device=self.routers[0].weight.device)
         self.counts = None
+        replayed, flipped = across_ranks.summed(counts).tolist()
         if replayed == 0:
             return {}
         return {"routing/flipped_fraction": flipped / replayed}
