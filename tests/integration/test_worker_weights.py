@@ -57,16 +57,23 @@ def test_a_sync_that_breaks_part_way_holds_the_engine_until_a_full_sync(worker) 
     with pytest.raises(RuntimeError, match="mix of two weight versions"):
         worker.probe(prompt, max_tokens=2)
 
-    worker.weights.group = _ReplayGroup(recorded.buckets)
+    samples = _sync_and_finish_the_group(worker, recorded.buckets, manifest)
+    assert {s.weight_versions for s in samples} == {(0, 1)}  # admitted before, made after
+    engine_params = dict(worker.engine.model.named_parameters())
+    for name, param in named:
+        assert torch.equal(engine_params[name], param.detach()), name
+
+
+def _sync_and_finish_the_group(worker, buckets, manifest) -> list:
+    """Sync version 1 from recorded `buckets`, resume, and wait for the waiting group's two
+    samples."""
+    worker.weights.group = _ReplayGroup(buckets)
     worker.receive_weights(manifest, version=1)
     worker.resume()
     samples = []
     while len(samples) < 2:
         samples += worker.poll(timeout=30.0)
-    assert {s.weight_versions for s in samples} == {(0, 1)}  # admitted before, made after
-    engine_params = dict(worker.engine.model.named_parameters())
-    for name, param in named:
-        assert torch.equal(engine_params[name], param.detach()), name
+    return samples
 
 
 def test_a_sync_of_non_finite_weights_holds_the_engine_until_a_finite_one(worker) -> None:
@@ -95,12 +102,7 @@ def test_a_sync_of_non_finite_weights_holds_the_engine_until_a_finite_one(worker
         named[-1][1][0, 0] = 0.5
     recorded = _ReplayGroup()
     send_weights(recorded, manifest, named, torch.device("cpu"))
-    worker.weights.group = _ReplayGroup(recorded.buckets)
-    worker.receive_weights(manifest, version=1)
-    worker.resume()
-    samples = []
-    while len(samples) < 2:
-        samples += worker.poll(timeout=30.0)
+    samples = _sync_and_finish_the_group(worker, recorded.buckets, manifest)
     assert {s.weight_versions for s in samples} == {(0, 1)}
 
 
