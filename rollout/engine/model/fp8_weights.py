@@ -166,7 +166,7 @@ def _plain_head(model: nn.Module) -> nn.Linear:
     head = model.get_output_embeddings()
     if type(head) is not nn.Linear:
         raise UnsupportedModelError(
-            f"fp8_lm_head: {type(model).__name__}'s LM head is a {type(head).__name__}, not a "
+            f"fp8_lm_head: {type(model).__name__}'s LM head is {type(head).__name__}, not a "
             "plain nn.Linear; set fp8_lm_head=False"
         )
     embeddings = model.get_input_embeddings()
