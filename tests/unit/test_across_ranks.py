@@ -46,6 +46,10 @@ def _on_rank(rank: int, init_file: str, results) -> None:
         for mode in ("token_tis", "sequence_mis"):
             _, stats = correction_weights(*HALVES[rank], mode, cap=2.0)
             results.put((rank, mode, stats))
+        # A forward in which rank 1 trains no token: its figures still join rank 0's.
+        empty = (TRAINER[:0], ROLLOUT[:0], SEGMENT[:0])
+        _, stats = correction_weights(*(HALVES[0] if rank == 0 else empty), "token_tis", cap=2.0)
+        results.put((rank, "one rank empty", stats))
         for call, counts in enumerate(ROUTE_COUNTS[rank]):
             results.put((rank, f"routing {call}", _replay_with(counts).take_counts()))
     finally:
@@ -64,7 +68,7 @@ def test_two_ranks_log_the_figures_of_all_their_tokens(tmp_path) -> None:
     try:
         for process in ranks:
             process.start()
-        seen = [results.get(timeout=120) for _ in range(8)]
+        seen = [results.get(timeout=120) for _ in range(10)]
         for process in ranks:
             process.join(timeout=30)
     finally:
@@ -78,6 +82,10 @@ def test_two_ranks_log_the_figures_of_all_their_tokens(tmp_path) -> None:
         assert per_rank[0] == pytest.approx(whole) and per_rank[1] == pytest.approx(whole)
         _, rank_0_alone = correction_weights(*HALVES[0], mode, cap=2.0)
         assert rank_0_alone != pytest.approx(whole), "the test's halves must differ"
+    _, rank_0_alone = correction_weights(*HALVES[0], "token_tis", cap=2.0)
+    for rank, m, stats in seen:
+        if m == "one rank empty":
+            assert stats == pytest.approx(rank_0_alone), rank
     routing = {(rank, m): stats for rank, m, stats in seen if m.startswith("routing")}
     for rank in (0, 1):
         assert routing[rank, "routing 0"] == {"routing/flipped_fraction": 10 / 40}

@@ -67,8 +67,11 @@ def correction_weights(
                 torch.tensor(float(num_samples), device=ratio.device),
             ]
         ).double()
-        peak = ratio.max().double() if ratio.numel() else torch.tensor(0.0, device=ratio.device)
-        totals, peak = across_ranks.summed(totals), across_ranks.largest(peak.reshape(1))
+        # float64 on every rank, with tokens or without: the ranks reduce the same dtype.
+        peak = torch.zeros(1, dtype=torch.float64, device=ratio.device)
+        if ratio.numel():
+            peak[0] = ratio.max()
+        totals, peak = across_ranks.summed(totals), across_ranks.largest(peak)
     return weights, _figures(totals.tolist(), float(peak), mode)
 
 
