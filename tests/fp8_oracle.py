@@ -39,12 +39,7 @@ def rounded_copy(
         for name, param in rounded.named_parameters():
             if expected_rounded(name, lm_head):
                 param.copy_(dequantize_rows(*quantize_rows(param), param.dtype))
-    if input_scales is not None:
-        hook = {"row": _round_input_rows, "group": _round_input_groups}[input_scales]
-        for name, module in rounded.named_modules():
-            if isinstance(module, torch.nn.Linear) and expected_rounded(f"{name}.weight"):
-                module.register_forward_pre_hook(hook)
-    return rounded
+    return rounded if input_scales is None else with_rounded_inputs(rounded, input_scales)
 
 
 def with_rounded_inputs(model: torch.nn.Module, input_scales: str) -> torch.nn.Module:
