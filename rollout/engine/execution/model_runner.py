@@ -120,14 +120,15 @@ class ModelRunner:
         shapes = slot.fill_host(inputs)
         streams = self.streams
         with streams.on(streams.copy_in):
-            dev = slot.copy_to_device(shapes)
+            slot.copy_to_device()
             slot.copy_in_done.record()
         with streams.on(streams.compute), torch.inference_mode():
             streams.wait(streams.compute, slot.copy_in_done)
             timing = self.timing.begin() if self.timing is not None else None
-            self._copy_blocks(dev["block_copies"])
+            # A graph replays views of the same memory made at capture: it needs none but these.
+            self._copy_blocks(slot.device_view("block_copies", shapes["block_copies"]))
             if bucket is None:
-                self._forward_and_sample(slot, previous, dev, inputs)
+                self._forward_and_sample(slot, previous, slot.device_views(shapes), inputs)
             else:
                 mode = (
                     SAMPLER_FILTERED if (inputs.needs_sort or inputs.needs_min_p) else SAMPLER_PLAIN

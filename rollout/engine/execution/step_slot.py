@@ -97,9 +97,12 @@ class StepSlot:
             shapes[name] = array.shape
         return shapes
 
-    def copy_to_device(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-        """Enqueue the host-to-device copy on the current stream; returns device views."""
+    def copy_to_device(self) -> None:
+        """Enqueue the host-to-device copy on the current stream."""
         self.device_bytes.copy_(self.host_bytes, non_blocking=True)
+
+    def device_views(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+        """`device_view` of each named buffer."""
         return {name: self.device_view(name, shape) for name, shape in shapes.items()}
 
     def device_view(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
