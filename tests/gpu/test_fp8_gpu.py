@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from rollout import SamplingParams
-from rollout.kernels import triton_fp8_widen, triton_linear
+from rollout.kernels import triton_fp8_widen
 from rollout.kernels.torch_fp8 import fp8_linear_reference, quantize_rows
 from rollout.kernels.torch_moe import fused_experts_reference
 from rollout.kernels.torch_paged_attention import v_by_token
@@ -608,10 +608,11 @@ def test_bf16_rounded_inputs_through_the_fp8_mma_are_the_rounded_models(
 ) -> None:
     """Up to 36 rows a step, so the FP8 MMA runs (and the FP8-weight kernel over the rounded rows
     at up to 16); compiled, the rounding is inductor's, fused into the norms: the logprobs are
-    the oracle's as nearly as the engine's torch path (F.linear over the dequantized rows) gets
-    them, graphs equal eager. With a scale per 128 inputs, on a model whose inputs span several
-    groups: its 4096x outliers make its bf16 logprobs noisier than the tiny Qwen3's (a median
-    gap to the oracle of about 0.05 against 0.01, on CPU too), so the bound is relative."""
+    the oracle's to bf16 precision, graphs equal eager. With a scale per 128 inputs, on a model
+    whose inputs span several groups: its 4096x outliers make its bf16 logprobs noisier than the
+    tiny Qwen3's (a median gap to the oracle of about 0.05 against 0.01 through the engine's
+    torch path on CPU too), so its bounds are wider; a group read with another's scale is off by
+    a power of two up to 4096."""
     if scales == "row":
         model, quantization = tiny_model("qwen3"), "fp8"
     else:
@@ -628,17 +629,8 @@ def test_bf16_rounded_inputs_through_the_fp8_mma_are_the_rounded_models(
     results = engine.generate(PROMPTS, params)
     assert counts["fp8_activations"] and counts["fp8_weights"]
     diffs = logprob_differences(reference, PROMPTS, results)
-    with monkeypatch.context() as torch_path:
-        torch_path.setattr(triton_linear, "fp8_mma_available", lambda device: False)
-        baseline_engine = engine_for(model, ON_GPU, **{**ROUNDED_INPUTS, **settings})
-        baseline = logprob_differences(
-            reference, PROMPTS, baseline_engine.generate(PROMPTS, params)
-        )
-    medians, peaks = (diffs.median(), baseline.median()), (diffs.max(), baseline.max())
-    assert medians[0] < 1.5 * medians[1] + 0.005 and peaks[0] < 2 * peaks[1] + 0.05, (
-        medians,
-        peaks,
-    )
+    median, peak = {"row": (0.02, 0.25), "group": (0.08, 0.6)}[scales]
+    assert diffs.median() < median and diffs.max() < peak, (diffs.median(), diffs.max())
     eager = engine_for(model, ON_GPU, cuda_graphs=False, **{**ROUNDED_INPUTS, **settings})
     again = eager.generate(PROMPTS, params)
     assert [r.token_ids for r in again] == [r.token_ids for r in results]
