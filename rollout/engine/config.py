@@ -112,15 +112,15 @@ class EngineConfig:
     rounds its input too, each row to e4m3 with a power-of-two scale of its own, at every batch
     size and in prefill, so the decode GEMMs from 17 to 128 rows run on the tensor cores' FP8 MMA
     (0.72-0.74x of bf16's GEMMs a layer at 32-64 rows, 0.9x at 96-128, where FP8 weights alone
-    gain nothing). On the Qwen3-8B shape's grpo workload: 8% faster steps at 32-63 running, 4-7%
-    slower ones under 16 (the rounding's own kernels, before the norms rounded in theirs), twice
-    the drift to bf16 of FP8 weights alone (docs/performance.md). Dense models only (MoE experts
-    are refused); the LM head's input is not rounded. In Llama-family layers the norms round
-    q/k/v's and gate/up's inputs in their own kernel, and a SiLU MLP's activation down's
-    (rounded_layers.py). "fp8-group": the same with a scale per 128 consecutive inputs of a row
-    (the 1 x 128 tiles of the FP8 training recipes), so an outlier coarsens only its own group.
-    Neither the groups nor the rounding in the norms and activation are timed on a GPU yet
-    (docs/performance.md, 'W8A8 with a scale per 128 inputs')."""
+    gain nothing). In Llama-family layers the norms round q/k/v's and gate/up's inputs in their
+    own kernel, and a SiLU MLP's activation down's (rounded_layers.py). On the Qwen3-8B shape's
+    grpo workload, with FP8 weights, KV cache and LM head: 1.22x of bf16 (1.20x without it),
+    6-10% faster steps at 16-63 running, 2-6% slower ones under 16 (o's rounding is a launch of
+    its own), twice the drift to bf16 of FP8 weights alone (docs/performance.md). Dense models
+    only (MoE experts are refused); the LM head's input is not rounded. "fp8-group": the same
+    with a scale per 128 consecutive inputs of a row (the 1 x 128 tiles of the FP8 training
+    recipes), so an outlier coarsens only its own group; 2% slower on that workload (the FP8
+    MMA scales each 128 of K's products apart)."""
     kv_cache_dtype: str = "auto"
     """"auto": the model's dtype; "fp8": keys and values stored as e4m3 with a power-of-two scale
     per token and KV head, written by the attention's KV write and widened by its reads, so the
