@@ -7,8 +7,9 @@ are:
 - streaming (AsyncGRPOTrainer): samples are folded into a prefix trie per row, a shared prefix
   forwarded once. Two samples that agree on a token's prefix may still have routed it
   differently in the rollout (each computed it in its own batch position, and near ties go
-  either way), so `RoutesCollator` refolds each row with the routes in the key of every node
-  (`RoutedTreeRow`): a position is shared only where its routes are too. A sample's tokens are
+  either way), so the planner's rows key every node on the routes too (`RoutedTreeRow`, put in
+  place by `routed_planner_class`): a position is shared only where its routes are too, and the
+  planner's token budget counts the positions so forwarded. A sample's tokens are
   then the root-to-leaf path through the trie that ends at its last trained token's position
   (`tree_kv_index` lists each segment's path in order, one entry per depth), and the collator
   adds the `routes` [rows, tokens, num_routers, top_k] of every packed position. The routes
@@ -21,6 +22,8 @@ are:
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
+from functools import cache
 
 import numpy as np
 import torch
@@ -84,23 +87,31 @@ def packed_routes(rows: list, batch: dict) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
+@cache
 def routed_tree_row_class():
     """TRL's TreeRow whose nodes are keyed on (token, next token, the token's routes): samples
-    share a position only where the rollout routed it the same way. Only `add` changes: the
-    planner placed the samples by TRL's sharing, so a refolded row may forward a few tokens more
-    than `token_budget` (the positions its samples routed differently)."""
+    share a position only where the rollout routed it the same way. `fits` walks the same keys
+    as `add`, so the planner's budget bounds the tokens the row forwards."""
     from trl.experimental.async_grpo.packing import TreeRow
 
     class RoutedTreeRow(TreeRow):
+        def fits(self, sample, budget: int) -> bool:
+            level, shared = self.roots, 0
+            for key in _routed_keys(sample):
+                if key not in level:
+                    break
+                level = self.children[level[key]]
+                shared += 1
+            novel = len(sample["input_ids"]) - shared
+            trained = self.trained + int(sample["completion_mask"].sum())
+            return len(self.tokens) + novel <= budget and trained <= budget
+
         def add(self, sample) -> None:
-            ids = sample["input_ids"].tolist()
-            routes = SAMPLE_ROUTES.find(sample["input_ids"])
             level, nodes = self.roots, []
-            for depth, (token, following) in enumerate(zip(ids, [*ids[1:], None], strict=True)):
-                key = (token, following, routes[depth].tobytes() if depth < len(routes) else None)
+            for depth, key in enumerate(_routed_keys(sample)):
                 if key not in level:
                     level[key] = len(self.tokens)
-                    self.tokens.append(token)
+                    self.tokens.append(key[0])
                     self.children.append({})
                     self.load += depth + 1
                 nodes.append(level[key])
@@ -113,22 +124,56 @@ def routed_tree_row_class():
     return RoutedTreeRow
 
 
+def _routed_keys(sample) -> Iterator[tuple]:
+    """Each position's trie key: (token, next token, its routes' bytes; None past the routes)."""
+    ids = sample["input_ids"].tolist()
+    routes = SAMPLE_ROUTES.find(sample["input_ids"])
+    for depth, (token, following) in enumerate(zip(ids, [*ids[1:], None], strict=True)):
+        yield token, following, routes[depth].tobytes() if depth < len(routes) else None
+
+
+def routed_planner_class(planner_class: type) -> type:
+    """`planner_class` (TRL's TokenBudgetBatcher or FixedCountBatcher) whose rows are
+    `RoutedTreeRow`s. TRL's planners make their rows by the module-level name `TreeRow`; it
+    names the routed class only while the planner's own code runs (each step of its generator),
+    so the collator and anything else see TRL's class (the planner runs in the training loop's
+    thread: the dataloader has no workers)."""
+    from trl.experimental.async_grpo import async_grpo_trainer as trainer_module
+
+    routed_row = routed_tree_row_class()
+
+    class RoutedPlanner(planner_class):
+        def __iter__(self):
+            micro_batches = super().__iter__()
+            while True:
+                plain, trainer_module.TreeRow = trainer_module.TreeRow, routed_row
+                try:
+                    rows = next(micro_batches)
+                except StopIteration:
+                    return
+                finally:
+                    trainer_module.TreeRow = plain
+                yield rows
+
+    return RoutedPlanner
+
+
 def routes_collator_class():
-    """TRL's DataCollatorForRollout over rows refolded by routes, with each packed position's
-    routes added to the batch."""
+    """TRL's DataCollatorForRollout with each packed position's routes added to the batch; its
+    rows must come from a `routed_planner_class` planner."""
     from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollout
 
     routed_row = routed_tree_row_class()
 
     class RoutesCollator(DataCollatorForRollout):
         def torch_call(self, examples):
-            rows = []
-            for planned in examples[0]:
-                row = routed_row()
-                for sample in planned.samples:
-                    row.add(sample)
-                rows.append(row)
-            batch = super().torch_call([rows])
+            (rows,) = examples
+            if not all(isinstance(row, routed_row) for row in rows):
+                raise TypeError(
+                    "routing replay: the planner's rows may share positions the rollout routed "
+                    "differently; make the planner with routed_planner_class"
+                )
+            batch = super().torch_call(examples)
             batch["routes"] = packed_routes(rows, batch)
             return batch
 

@@ -22,7 +22,7 @@ from functools import cache
 
 from trainers.trl_adapter.lora import adapter_for_sync
 from trainers.trl_adapter.off_policy import CorrectedForward, RecordsMismatch
-from trainers.trl_adapter.replay_batches import routes_collator_class
+from trainers.trl_adapter.replay_batches import routed_planner_class, routes_collator_class
 from trainers.trl_adapter.routing_replay import ROUTES_KWARG
 
 
@@ -178,14 +178,18 @@ def pool_trainer_class():
                 return super().get_train_dataloader()
             from trl.experimental.async_grpo import async_grpo_trainer as trainer_module
 
-            # TRL builds its collator by this module-level name; its routes-adding subclass
-            # stands in while it does.
-            plain = trainer_module.DataCollatorForRollout
+            # TRL builds its planner and collator by these module-level names; the routed
+            # planners and the routes-adding collator stand in while it does.
+            names = ("DataCollatorForRollout", "TokenBudgetBatcher", "FixedCountBatcher")
+            plain = {name: getattr(trainer_module, name) for name in names}
             trainer_module.DataCollatorForRollout = routes_collator_class()
+            trainer_module.TokenBudgetBatcher = routed_planner_class(plain["TokenBudgetBatcher"])
+            trainer_module.FixedCountBatcher = routed_planner_class(plain["FixedCountBatcher"])
             try:
                 return super().get_train_dataloader()
             finally:
-                trainer_module.DataCollatorForRollout = plain
+                for name, value in plain.items():
+                    setattr(trainer_module, name, value)
 
         def _sync_weight_merged(self, t0: float):
             model = self.accelerator.unwrap_model(self.model)
