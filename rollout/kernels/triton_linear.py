@@ -231,7 +231,7 @@ def decode_linear(
 # operands as stored. From W8A8_MIN_ROWS to W8A8_MAX_ROWS rows: at fewer, the FP8-weight kernel
 # over the dequantized rows is faster (bench_gemm.py --w8a8 on one H200, 8 and 16 rows: q/k/v
 # 13.7 against 19.2 us with x widened in the kernel; docs/performance.md), and the caller
-# (fp8_weights.fp8_linear) sends them there.
+# (fp8_linear.fp8_linear) sends them there.
 
 
 def _fp8_mma_tiles(rows: int, n: int, k: int, grouped: bool = False) -> tuple[tuple[int, ...], int]:

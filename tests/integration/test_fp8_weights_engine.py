@@ -250,14 +250,14 @@ def test_a_later_engine_without_the_fp8_head_drops_its_copy() -> None:
     """Engines over one in-memory model: an FP8 head replaces an earlier engine's routing of it,
     and a later engine without fp8_lm_head does not keep reading its FP8 copy (stale after the
     next weight update)."""
-    from rollout.engine.model.fp8_weights import _fp8_linear_forward
+    from rollout.engine.model.fp8_linear import fp8_linear_forward
 
     model = tiny_model("llama", seed=7)
     # as an earlier engine on a GPU leaves it: the head routed through the bf16 decode GEMM
     model.lm_head._plain_forward = model.lm_head.forward
     model.lm_head.forward = lambda x: model.lm_head._plain_forward(x)
     LLMEngine.from_model(model, EngineConfig(**W8A8))
-    assert model.lm_head.forward.__func__ is _fp8_linear_forward  # the FP8 copy is what it reads
+    assert model.lm_head.forward.__func__ is fp8_linear_forward  # the FP8 copy is what it reads
     engine = LLMEngine.from_model(model, EngineConfig(**SETTINGS))
     assert not hasattr(model.lm_head, "_fp8") and "forward" not in vars(model.lm_head)
     assert all(

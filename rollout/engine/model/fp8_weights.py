@@ -18,7 +18,7 @@ With `EngineConfig.activation_quantization="fp8"` the decoder layers' quantized 
 round their inputs too: each row to e4m3 with a power-of-two scale of its own (the weights'
 rule, `torch_fp8.quantize_rows`), or with "fp8-group" each 128 consecutive inputs of a row
 (`torch_fp8.quantize_groups`), so the decode GEMMs can run on the tensor cores' FP8 MMA
-(`triton_linear.w8a8_linear`). The model served is then the one whose projections see those
+(`triton_linear.w8a8_linear`, through `fp8_linear.py`). The model served is then the one whose projections see those
 rounded inputs, at every batch size and in prefill alike (exact in bf16, as the weights are).
 
 Weight sync writes the bf16 values into the same parameters as without FP8; `round_all` then
@@ -33,15 +33,13 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from rollout.engine.model.capabilities import UnsupportedModelError
+from rollout.engine.model.fp8_linear import fp8_linear_forward
 from rollout.engine.model.fused_experts import experts_modules
 from rollout.engine.model.loader import decoder_layers
 from rollout.engine.weight_update import refuse_non_finite
-from rollout.kernels import triton_rounded_rows  # noqa: F401 - registers rollout::round_rows
-from rollout.kernels.tiling import W8A8_MAX_ROWS, W8A8_MIN_ROWS
 from rollout.kernels.torch_fp8 import FP8_DTYPE, round_to_fp8_
 
 _FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}
@@ -239,7 +237,7 @@ def quantize_model(
             module._fp8 = fp8
             if not hasattr(module, "_plain_forward"):  # (the LM head's may be routed already)
                 module._plain_forward = module.forward
-            module.forward = _fp8_linear_forward.__get__(module)
+            module.forward = fp8_linear_forward.__get__(module)
         else:  # experts
             setattr(module, f"_fp8_{attribute}", (q, scale))
     weights.keep_unrounded()
@@ -288,35 +286,3 @@ def fp8_read_bytes_saved(model: nn.Module) -> tuple[int, int]:
             else:
                 dense += saved
     return dense, expert
-
-
-def fp8_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias, fp8, triton_bf16: bool = False, rounded_input=None
-) -> torch.Tensor:
-    """x @ weight.T (+ bias), reading the FP8 form on CUDA where that pays (`triton_linear.fp8_pays`:
-    every projection at a few rows, the wide ones at more); elsewhere `weight`, which holds the
-    same values: by our bf16 decode GEMM with `triton_bf16`, else cuBLAS (and prefill's rows).
-    With inputs rounded (activation_quantization="fp8" or "fp8-group"), x is rounded here
-    (`triton_rounded_rows.round_rows`: one pass a row on CUDA, its twin elsewhere) and the FP8
-    GEMM reads both forms; or, with `rounded_input` (x8, x_scale), x is rounded already (by a
-    rounding norm or activation: rounded_layers.py) and that is its FP8 form."""
-    q, scale, input_scales = fp8
-    if input_scales is not None:
-        if rounded_input is None:
-            x, *rounded_input = torch.ops.rollout.round_rows(x, input_scales == "group")
-        x8, x_scale = rounded_input
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if x.is_cuda and W8A8_MIN_ROWS <= rows <= W8A8_MAX_ROWS:
-            return torch.ops.rollout.w8a8_linear(x8, x_scale, weight, bias, q, scale)
-        # fewer rows (the FP8-weight kernel is faster there) or more (prefill): x, the rounded
-        # rows in its dtype, exactly
-    if x.is_cuda:
-        return torch.ops.rollout.decode_linear(x, weight, bias, q, scale, triton_bf16)
-    return F.linear(x, weight, bias)
-
-
-def _fp8_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if torch.is_grad_enabled():  # training: the plain nn.Linear, with gradients
-        return self._plain_forward(x)
-    # our bf16 decode GEMM where FP8 does not pay, for the linears routed to it (the LM head)
-    return fp8_linear(x, self.weight, self.bias, self._fp8, getattr(self, "_decode_linear", False))

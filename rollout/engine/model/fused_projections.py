@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from rollout.engine.model.fp8_weights import fp8_linear
+from rollout.engine.model.fp8_linear import fp8_linear
 from rollout.engine.model.loader import decoder_layers
 from rollout.kernels import triton_rounded_rows  # noqa: F401 - registers the rounding act's op
 

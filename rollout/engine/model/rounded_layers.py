@@ -1,7 +1,7 @@
 """Decoder layers whose norms round their outputs, for FP8 activations
 (EngineConfig.activation_quantization).
 
-Under FP8 activations each projection reads its input rounded to e4m3 (fp8_weights.fp8_linear
+Under FP8 activations each projection reads its input rounded to e4m3 (fp8_linear.fp8_linear
 rounds it there). For q/k/v and gate/up that input is a norm's output, so rounding it inside the
 norm costs nothing more than the norm: `triton_rounded_rows` writes the rounded rows in the
 activations' dtype and as e4m3 with their scales, in the norm's one pass. The layer's forward

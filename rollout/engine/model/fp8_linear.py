@@ -1,0 +1,46 @@
+"""A projection's forward over FP8 weights: which GEMM reads which form of the weight, and of
+its input when the inputs are rounded too (EngineConfig.activation_quantization). The forms are
+made by `fp8_weights.quantize_model`; the fused q/k/v and gate/up forwards (fused_projections.py)
+and every quantized nn.Linear come here."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rollout.kernels import triton_rounded_rows  # noqa: F401 - registers rollout::round_rows
+from rollout.kernels.tiling import W8A8_MAX_ROWS, W8A8_MIN_ROWS
+
+
+def fp8_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias, fp8, triton_bf16: bool = False, rounded_input=None
+) -> torch.Tensor:
+    """x @ weight.T (+ bias), reading the FP8 form on CUDA where that pays (`triton_linear.fp8_pays`:
+    every projection at a few rows, the wide ones at more); elsewhere `weight`, which holds the
+    same values: by our bf16 decode GEMM with `triton_bf16`, else cuBLAS (and prefill's rows).
+    With inputs rounded (activation_quantization="fp8" or "fp8-group"), x is rounded here
+    (`triton_rounded_rows.round_rows`: one pass a row on CUDA, its twin elsewhere) and the FP8
+    GEMM reads both forms; or, with `rounded_input` (x8, x_scale), x is rounded already (by a
+    rounding norm or activation: rounded_layers.py) and that is its FP8 form."""
+    q, scale, input_scales = fp8
+    if input_scales is not None:
+        if rounded_input is None:
+            x, *rounded_input = torch.ops.rollout.round_rows(x, input_scales == "group")
+        x8, x_scale = rounded_input
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if x.is_cuda and W8A8_MIN_ROWS <= rows <= W8A8_MAX_ROWS:
+            return torch.ops.rollout.w8a8_linear(x8, x_scale, weight, bias, q, scale)
+        # fewer rows (the FP8-weight kernel is faster there) or more (prefill): x, the rounded
+        # rows in its dtype, exactly
+    if x.is_cuda:
+        return torch.ops.rollout.decode_linear(x, weight, bias, q, scale, triton_bf16)
+    return F.linear(x, weight, bias)
+
+
+def fp8_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """The forward `fp8_weights.quantize_model` gives a quantized nn.Linear (its `_fp8` form)."""
+    if torch.is_grad_enabled():  # training: the plain nn.Linear, with gradients
+        return self._plain_forward(x)
+    # our bf16 decode GEMM where FP8 does not pay, for the linears routed to it (the LM head)
+    return fp8_linear(x, self.weight, self.bias, self._fp8, getattr(self, "_decode_linear", False))
