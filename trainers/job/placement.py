@@ -200,7 +200,13 @@ def _plan(rollout, num_processes: int, nodes: list[Node], joining: bool) -> Plac
     if layout == "colocated":
         _check_colocated_actors(rollout, num_processes)
         return _colocated(rollout, gpus[:num_processes], in_driver)
-    free = len(gpus) - num_processes
+    return _split(rollout, num_processes, gpus, in_driver)
+
+
+def _split(rollout, num_processes: int, gpus: list[tuple[Node, int]], in_driver: bool) -> Placement:
+    """The trainer's ranks on the first `num_processes` GPUs, an actor on each of the next."""
+    total_gpus = len(gpus)
+    free = total_gpus - num_processes
     if free < 1:
         raise PlacementError(
             f"rollout.layout=split gives the trainer's {num_processes} rank(s) GPUs of their own "
