@@ -209,26 +209,34 @@ def make_rollout_func(
         accelerator = trainer.accelerator
         if accelerator.num_processes == 1:
             return keep_routes(generate(prompts, num_generations), trainer)
-        from accelerate.utils import broadcast_object_list, gather_object
-
-        counts = gather_object([len(prompts)])
-        everyone = gather_object(list(prompts))  # rank order: the sampler's order
-        out, failure = None, None
-        if accelerator.is_main_process:
-            try:
-                out = generate(everyone, num_generations)
-            except Exception as err:  # every rank ends with rank 0's error, none waits on it
-                failure, out = err, {"error": f"{type(err).__name__}: {err}"}
-        out = broadcast_object_list([out], from_process=0)[0]
-        if failure is not None:
-            raise failure
-        if "error" in out:
-            raise RuntimeError(f"rank 0's rollout failed: {out['error']}")
-        start = sum(counts[: accelerator.process_index])
-        mine = {key: rows[start : start + len(prompts)] for key, rows in out.items()}
+        mine = _generated_on_rank_zero(
+            accelerator, prompts, lambda everyone: generate(everyone, num_generations)
+        )
         return keep_routes(mine, trainer)
 
     return rollout_func
+
+
+def _generated_on_rank_zero(accelerator, prompts: list, generate) -> dict[str, list]:
+    """Every rank's prompts generated in one call on rank 0 (the pool's driver), and this rank's
+    rows of the result. A failure there ends every rank with rank 0's error."""
+    from accelerate.utils import broadcast_object_list, gather_object
+
+    counts = gather_object([len(prompts)])
+    everyone = gather_object(list(prompts))  # rank order: the sampler's order
+    out, failure = None, None
+    if accelerator.is_main_process:
+        try:
+            out = generate(everyone)
+        except Exception as err:  # every rank ends with rank 0's error, none waits on it
+            failure, out = err, {"error": f"{type(err).__name__}: {err}"}
+    out = broadcast_object_list([out], from_process=0)[0]
+    if failure is not None:
+        raise failure
+    if "error" in out:
+        raise RuntimeError(f"rank 0's rollout failed: {out['error']}")
+    start = sum(counts[: accelerator.process_index])
+    return {key: rows[start : start + len(prompts)] for key, rows in out.items()}
 
 
 def keep_routes(out: dict, trainer) -> dict:
