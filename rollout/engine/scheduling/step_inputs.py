@@ -108,28 +108,8 @@ def build_step_inputs(
     )
     input_ids[carry_src >= 0] = 0  # filled on the device
 
-    sampling_chunks = [s for s, c in enumerate(chunks) if c.num_samples > 0]
-    logits_row_of_chunk = np.full(num_seqs, -1, dtype=np.int64)
-    if plan.speculative:
-        # A verification needs the logits of its last num_drafts + 1 positions, in order.
-        per_chunk = np.array([chunks[s].num_drafts + 1 for s in sampling_chunks], dtype=np.int64)
-        first = np.cumsum(per_chunk) - per_chunk
-        logits_row_of_chunk[sampling_chunks] = first
-        owner_of_logit = np.repeat(np.arange(len(sampling_chunks)), per_chunk)
-        back = (
-            first[owner_of_logit] + per_chunk[owner_of_logit] - 1 - np.arange(len(owner_of_logit))
-        )
-        logits_indices = last_token[sampling_chunks][owner_of_logit] - back
-    else:
-        logits_indices = last_token[sampling_chunks]
-        logits_row_of_chunk[sampling_chunks] = np.arange(len(sampling_chunks))
-
-    q_blocks = -(-lens // EXTEND_BLOCK_M)
-    q_block_seq = np.repeat(np.arange(num_seqs, dtype=np.int32), q_blocks)
-    first_block = np.cumsum(q_blocks) - q_blocks
-    q_block_start = (
-        (np.arange(len(q_block_seq)) - first_block[q_block_seq]) * EXTEND_BLOCK_M
-    ).astype(np.int32)
+    logits_indices, logits_row_of_chunk = _logit_positions(plan, last_token)
+    q_block_seq, q_block_start = _extend_query_blocks(lens)
 
     rows = plan.rows
     num_rows = len(rows)
@@ -161,6 +141,34 @@ def build_step_inputs(
         q_block_seq=q_block_seq,
         q_block_start=q_block_start,
     )
+
+
+def _logit_positions(plan: StepPlan, last_token: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the token positions whose logits the step keeps, in order; each chunk's first row of
+    them, -1 for a chunk that samples nothing). A sampling chunk keeps its last position's, a
+    verification its last num_drafts + 1, in order."""
+    chunks = plan.chunks
+    sampling_chunks = [s for s, c in enumerate(chunks) if c.num_samples > 0]
+    logits_row_of_chunk = np.full(len(chunks), -1, dtype=np.int64)
+    if not plan.speculative:
+        logits_row_of_chunk[sampling_chunks] = np.arange(len(sampling_chunks))
+        return last_token[sampling_chunks], logits_row_of_chunk
+    per_chunk = np.array([chunks[s].num_drafts + 1 for s in sampling_chunks], dtype=np.int64)
+    first = np.cumsum(per_chunk) - per_chunk
+    logits_row_of_chunk[sampling_chunks] = first
+    owner_of_logit = np.repeat(np.arange(len(sampling_chunks)), per_chunk)
+    back = first[owner_of_logit] + per_chunk[owner_of_logit] - 1 - np.arange(len(owner_of_logit))
+    return last_token[sampling_chunks][owner_of_logit] - back, logits_row_of_chunk
+
+
+def _extend_query_blocks(lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The extend kernel's query blocks of EXTEND_BLOCK_M tokens: each one's chunk, and its first
+    token's offset in that chunk."""
+    q_blocks = -(-lens // EXTEND_BLOCK_M)
+    q_block_seq = np.repeat(np.arange(len(lens), dtype=np.int32), q_blocks)
+    first_block = np.cumsum(q_blocks) - q_blocks
+    q_block_start = (np.arange(len(q_block_seq)) - first_block[q_block_seq]) * EXTEND_BLOCK_M
+    return q_block_seq, q_block_start.astype(np.int32)
 
 
 def _sampling_arrays(params: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
