@@ -51,13 +51,16 @@ def test_reward_log_reads_first_and_last_version_means() -> None:
 # ---- checkpoints ------------------------------------------------------------------------------
 
 
-def test_the_wandb_run_id_is_made_once_per_output_dir(tmp_path) -> None:
+def test_the_wandb_run_id_is_kept_by_resumes_and_new_on_a_fresh_start(tmp_path) -> None:
     from trainers.job.checkpoints import wandb_run_id
 
     first = wandb_run_id(tmp_path)
     assert len(first) == 12 and wandb_run_id(tmp_path) == first
     (tmp_path / "other").mkdir()
     assert wandb_run_id(tmp_path / "other") != first
+    # a fresh start in the same directory is a W&B run of its own, which its resumes keep
+    fresh = wandb_run_id(tmp_path, resuming=False)
+    assert fresh != first and wandb_run_id(tmp_path) == fresh
 
 
 # ---- the console line -------------------------------------------------------------------------

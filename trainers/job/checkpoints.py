@@ -85,11 +85,12 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def wandb_run_id(out: Path) -> str:
-    """This run's W&B id, made on the first start and kept in the output directory, so a
-    resumed run logs into the same W&B run."""
+def wandb_run_id(out: Path, resuming: bool = True) -> str:
+    """This run's W&B id, kept in the output directory, so a resumed run logs into the same W&B
+    run; a fresh start (`resuming` False) makes a new one, so that it never logs into the W&B
+    run of an earlier job in the same directory."""
     path = out / WANDB_RUN_ID
-    if path.is_file():
+    if resuming and path.is_file():
         return path.read_text().strip()
     import uuid
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rollout.process_env import set_process_env_defaults
-from trainers.job.checkpoints import read_rollout_state, wandb_run_id
+from trainers.job.checkpoints import checkpoints, read_rollout_state, wandb_run_id
 from trainers.job.config import JobConfig
 from trainers.job.placement import Placement, PlacementError, plan_placement, this_machine
 from trainers.job.preflight import JobInputError, check_inputs
@@ -64,7 +64,13 @@ def run_job(config: JobConfig) -> dict:
     # The checkpoint too: a missing or damaged file stops the run here, not inside the trainer.
     resume = resolve_resume(config.trainer.resume_from_checkpoint, out)
     saved = read_rollout_state(resume)
-    os.environ["WANDB_RUN_ID"] = saved.get("wandb_run_id") or wandb_run_id(out)
+    if resume is None and checkpoints(out):
+        print(
+            f"[train_grpo] {out} holds checkpoints of an earlier run: this one starts over (a "
+            "new W&B run) and replaces them as it saves; set "
+            "trainer.resume_from_checkpoint=latest to continue that run instead"
+        )
+    os.environ["WANDB_RUN_ID"] = saved.get("wandb_run_id") or wandb_run_id(out, resume is not None)
     os.environ["WANDB_RESUME"] = "allow"
     stop = GracefulStop()
     # Ray installs its own SIGTERM handler when it starts: ours goes in after it.
