@@ -161,3 +161,25 @@ def test_yaml_numbers_without_a_dot_are_numbers() -> None:
     assert config.trainer.learning_rate == 1e-5
     with pytest.raises(ValueError, match="^trainer.learning_rate=fast: must be a finite number$"):
         load_config(None, ["trainer.learning_rate=fast"])
+
+
+def test_a_ray_address_with_no_ray_is_one_line_naming_it(monkeypatch) -> None:
+    """`--plan` (or the job) with ray_address set where no Ray runs: a JobInputError naming the
+    setting and what to do, not Ray's traceback."""
+    import ray
+
+    from trainers.job.config_loading import load_config
+    from trainers.job.preflight import JobInputError
+    from trainers.job.run import plan_job
+
+    def no_ray(*args, **kwargs):
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    config = load_config(None, ["ray_address=auto"])
+    with pytest.raises(
+        JobInputError, match=r"ray_address=auto: no running Ray found there.*ray start"
+    ):
+        plan_job(config)

@@ -180,16 +180,25 @@ def ray_session(config: JobConfig, start_local: bool = True) -> Iterator[Placeme
             return
     started_here = not ray.is_initialized()
     if started_here:
+        address = (config.ray_address or None) if joining else "local"
         with ray_sees(None if joining else placement.ray_gpus):
-            ray.init(
-                # Not joining: a Ray of our own, even when `ray start` left one running here.
-                address=(config.ray_address or None) if joining else "local",
-                ignore_reinit_error=True,
-                include_dashboard=False,
-                log_to_driver=False,
-                configure_logging=False,
-                **({} if joining else _local_ray_kwargs(placement)),
-            )
+            try:
+                ray.init(
+                    # Not joining: a Ray of our own, even when `ray start` left one running here.
+                    address=address,
+                    ignore_reinit_error=True,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    configure_logging=False,
+                    **({} if joining else _local_ray_kwargs(placement)),
+                )
+            except ConnectionError:  # no Ray at the address: the user's setting
+                where = address or os.environ.get("RAY_ADDRESS")
+                raise JobInputError(
+                    f"ray_address={where}: no running Ray found there. Start one "
+                    "(`ray start --head`), point ray_address at it, or leave ray_address unset "
+                    "to run on this machine"
+                ) from None
     # A session of our own ends with the job even if the job is killed outright.
     reaper = None if joining else start_session_reaper(local_session_name())
     try:
