@@ -19,7 +19,8 @@ class EngineConfig:
     """How one engine (one device) runs. Every field is checked at construction."""
 
     model: str = ""
-    """Local path or hub id of a transformers causal LM (empty when wrapping an in-memory model)."""
+    """A local transformers causal-LM folder (config.json, weights, tokenizer), or "smollm2" for
+    the built-in SmolLM2-135M-Instruct; empty when wrapping an in-memory model."""
     load_format: str = "auto"
     """"auto": the model folder's weights; "dummy": random weights from its config.json alone
     (benchmarks and drills: no checkpoint needed, shapes and speed are real)."""

@@ -21,6 +21,7 @@ from rollout.engine.model.loader import (
     eos_token_ids_of,
     load_model,
     load_tokenizer,
+    model_folder,
     resolve_device,
     resolve_dtype,
 )
@@ -65,8 +66,9 @@ class LLMEngine:
             raise ValueError("EngineConfig.model is empty: give a model path or hub id")
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device)
-        model = load_model(config.model, dtype, device, config.load_format)
-        self._setup(model, config, load_tokenizer(config.model), device, dtype)
+        folder = model_folder(config.model)
+        model = load_model(folder, dtype, device, config.load_format)
+        self._setup(model, config, load_tokenizer(folder), device, dtype)
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, config: EngineConfig, tokenizer=None) -> LLMEngine:

