@@ -49,11 +49,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from rollout import EngineConfig, LLMEngine, SamplingParams
-    from rollout.builtin_models import smollm2_path
 
-    model = str(smollm2_path()) if args.model == "smollm2" else args.model
     config = EngineConfig(
-        model=model,
+        model=args.model,  # a model folder, or "smollm2": the built-in
         device=args.device,
         dtype=args.dtype,
         max_model_len=1024,

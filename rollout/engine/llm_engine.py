@@ -63,7 +63,9 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         if not config.model:
-            raise ValueError("EngineConfig.model is empty: give a model path or hub id")
+            raise ValueError(
+                'EngineConfig.model is empty: give a model folder, or "smollm2" for the built-in'
+            )
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device)
         folder = model_folder(config.model)

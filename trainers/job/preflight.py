@@ -43,10 +43,10 @@ def check_inputs(config: JobConfig) -> CheckedInputs:
 
 
 def _model_path(model: str) -> str:
-    if model == "smollm2":
-        from rollout.builtin_models import smollm2_path
+    from rollout.engine.model.loader import BUILTIN_MODEL, model_folder
 
-        return str(smollm2_path())
+    if model == BUILTIN_MODEL:
+        return model_folder(model)
     path = Path(model).expanduser()
     if not (path / "config.json").is_file():
         where = "is not a folder" if not path.is_dir() else "has no config.json"
