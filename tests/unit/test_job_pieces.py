@@ -183,3 +183,44 @@ def test_a_ray_address_with_no_ray_is_one_line_naming_it(monkeypatch) -> None:
         JobInputError, match=r"ray_address=auto: no running Ray found there.*ray start"
     ):
         plan_job(config)
+
+
+def test_a_ray_address_where_nothing_answers_fails_in_seconds(monkeypatch) -> None:
+    """An explicit host:port with nothing listening: Ray would retry it for minutes; the job
+    asks first and names the setting (no mock of Ray: this is the real path)."""
+    import socket
+    import time
+
+    import ray
+
+    from trainers.job.config_loading import load_config
+    from trainers.job.preflight import JobInputError
+    from trainers.job.run import plan_job
+
+    with socket.socket() as unused:  # a port that was free a moment ago: nothing listens
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    assert not ray.is_initialized()
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    config = load_config(None, [f"ray_address=127.0.0.1:{port}"])
+    began = time.monotonic()
+    with pytest.raises(JobInputError, match=rf"ray_address=127.0.0.1:{port}: nothing answers"):
+        plan_job(config)
+    assert time.monotonic() - began < 15
+    assert not ray.is_initialized()
+
+
+def test_the_ray_address_probe() -> None:
+    import socket
+
+    from trainers.job.seats_on_ray import ray_address_answers
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        assert ray_address_answers(f"127.0.0.1:{port}") is None
+        assert ray_address_answers(f"ray://127.0.0.1:{port}") is None
+    assert ray_address_answers(f"127.0.0.1:{port}", timeout_s=1.0) is not None
+    assert ray_address_answers("auto") is None  # Ray's own to resolve
+    assert ray_address_answers("local") is None

@@ -28,6 +28,7 @@ from trainers.job.seats_on_ray import (
     cluster_nodes,
     local_ray_cpus,
     placement_group_for,
+    ray_address_answers,
     ray_sees,
     scheduling,
 )
@@ -181,6 +182,13 @@ def ray_session(config: JobConfig, start_local: bool = True) -> Iterator[Placeme
     started_here = not ray.is_initialized()
     if started_here:
         address = (config.ray_address or None) if joining else "local"
+        where = address or os.environ.get("RAY_ADDRESS")
+        if joining and where and (why := ray_address_answers(where)) is not None:
+            raise JobInputError(
+                f"ray_address={where}: nothing answers there ({why}). Check the head node's "
+                "address and port (`ray status` on it), or leave ray_address unset to run on "
+                "this machine"
+            )
         with ray_sees(None if joining else placement.ray_gpus):
             try:
                 ray.init(
@@ -193,7 +201,6 @@ def ray_session(config: JobConfig, start_local: bool = True) -> Iterator[Placeme
                     **({} if joining else _local_ray_kwargs(placement)),
                 )
             except ConnectionError:  # no Ray at the address: the user's setting
-                where = address or os.environ.get("RAY_ADDRESS")
                 raise JobInputError(
                     f"ray_address={where}: no running Ray found there. Start one "
                     "(`ray start --head`), point ray_address at it, or leave ray_address unset "

@@ -7,9 +7,25 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import socket
 from typing import Any
 
 from trainers.job.placement import MIN_BUNDLE_CPU, Node, Placement, PlacementError, Seat
+
+
+def ray_address_answers(address: str, timeout_s: float = 10.0) -> str | None:
+    """None when something accepts a connection at a `host:port` address (or `ray://host:port`)
+    within `timeout_s`, else why not. Ray itself retries an address that does not answer for
+    minutes before giving up, so the job asks first. Other forms (`auto`, `local`) are Ray's to
+    resolve, and fail at once when no Ray runs here."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return None
+    except OSError as err:  # refused, unknown host, unreachable, timed out
+        return str(err) or type(err).__name__
 
 
 def cluster_nodes(ray) -> list[Node]:
