@@ -89,6 +89,14 @@ def train_process(run: Run, stop, rank: int = 0, world: int = 1) -> dict | None:
             )
         )
         saver = attach_callbacks(built, pool, config, stop, world)
+        if main:  # the first step line comes only after a whole step: say what is happening
+            t = config.trainer
+            print(
+                f"[train_grpo] training to step {t.max_steps}; a step's line follows once "
+                f"its {t.prompts_per_step} prompt group(s) of {t.num_generations} samples are "
+                "generated and trained",
+                flush=True,
+            )
         seconds = train(built.trainer, config, run.resume)
         final_model = save_final_model(built.trainer, inputs, run.out, config)
         if not main:
