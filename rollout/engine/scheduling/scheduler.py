@@ -22,6 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from rollout.engine.scheduling.block_manager import BlockManager
+from rollout.engine.scheduling.lifecycle import SequenceLifecycle
 from rollout.engine.scheduling.prefix_registry import PrefixRegistry
 from rollout.engine.scheduling.queues import SequenceQueues
 from rollout.engine.scheduling.sequence import PLACEHOLDER, Sequence, Status
@@ -30,10 +31,10 @@ from rollout.engine.scheduling.step_plan import SampleRow, ScheduledChunk, StepP
 
 
 class Scheduler:
-    """The queues, the sequences' lifecycle (admit, fork, preempt, finish) and the block tables'
-    mirror. Speculation (speculation.py) and the prefix registry (prefix_registry.py) are
-    objects it holds: they get what they need as arguments and never end or preempt a sequence
-    themselves."""
+    """The queues and the decisions: which sequence is admitted, runs, is preempted or ends, and
+    when. How a sequence forks, is preempted or finishes is lifecycle.py's; speculation
+    (speculation.py) and the prefix registry (prefix_registry.py) are objects it holds: they get
+    what they need as arguments and never end or preempt a sequence themselves."""
 
     def __init__(
         self,
@@ -73,8 +74,10 @@ class Scheduler:
         )
         self._prefix = PrefixRegistry(block_manager, prefix_caching)
         self._next_step = 0
-        self._next_seq_id = 1_000_000_000  # forked samples; requests use small ids
         self._queues = SequenceQueues(max_num_seqs, -(-max_model_len // block_manager.block_size))
+        self._lifecycle = SequenceLifecycle(
+            block_manager, self._queues, self._prefix, max_model_len
+        )
 
     @property
     def waiting(self) -> list[Sequence]:
@@ -97,7 +100,7 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         assert seq.status is Status.WAITING and not seq.block_table
-        seq.token_limit = self._token_limit(seq)
+        seq.token_limit = self._lifecycle.token_limit(seq)
         self.speculation.prepare(seq)
         self._queues.wait(seq)
 
@@ -111,10 +114,11 @@ class Scheduler:
         for seq in hits:
             # Samples not forked yet (the prompt is still being computed) end here too.
             for j in range(1, seq.num_forks_pending + 1):
-                unforked.append(self._new_sample(seq, seq.sample_index + j, status=Status.FINISHED))
-                unforked[-1].finish_reason = "abort"
+                sample = self._lifecycle.new_sample(seq, seq.sample_index + j, Status.FINISHED)
+                sample.finish_reason = "abort"
+                unforked.append(sample)
             seq.num_forks_pending = 0
-            self._finish(seq, "abort", keep=seq.num_resolved_tokens)
+            self._lifecycle.finish(seq, "abort", keep=seq.num_resolved_tokens)
         return hits + unforked
 
     def reset_prefix_cache(self) -> None:
@@ -267,7 +271,7 @@ class Scheduler:
                 reason = self._end_reason(seq, token, position)
             if reason is None:
                 continue
-            self._finish(seq, reason, keep=position + 1)
+            self._lifecycle.finish(seq, reason, keep=position + 1)
             finished.append(seq)
         if plan.speculative:
             speculation.tried(step_id, gained=speculation.stats.accepted > accepted_before)
@@ -314,7 +318,7 @@ class Scheduler:
         if reaches_end:
             self._append_placeholder(plan, seq, chunk_index)
             for j in range(1, seq.num_forks_pending + 1):
-                child = self._fork(seq, sample_index=seq.sample_index + j)
+                child = self._lifecycle.fork(seq, sample_index=seq.sample_index + j)
                 self._append_placeholder(plan, child, chunk_index)
             seq.num_forks_pending = 0
         return num_new
@@ -349,23 +353,6 @@ class Scheduler:
         seq.token_ids.append(PLACEHOLDER)
         plan.rows.append(SampleRow(seq, len(seq.token_ids) - 1, chunk_index))
 
-    def _fork(self, parent: Sequence, sample_index: int) -> Sequence:
-        """A further sample of a group whose prompt was just computed: it shares the prompt's blocks."""
-        assert (
-            parent.num_output_tokens == 1 and parent.num_computed_tokens == parent.num_prompt_tokens
-        )
-        child = self._new_sample(parent, sample_index, status=Status.RUNNING)
-        child.num_computed_tokens = parent.num_computed_tokens
-        child.block_table = self.block_manager.share(parent.block_table)
-        self._queues.run(child, shares_table_of=parent)
-        return child
-
-    def _new_sample(self, parent: Sequence, sample_index: int, status: Status) -> Sequence:
-        self._next_seq_id += 1
-        child = parent.sibling(self._next_seq_id, sample_index, status)
-        child.token_limit = self._token_limit(child)  # its own length, with sample_lengths
-        return child
-
     def _make_room(self, seq: Sequence, num_new: int, in_step: set[int], plan: StepPlan) -> int:
         """Preempt newer sequences until `seq` can take its blocks. Returns how many blocks it
         needs, or -1 if `seq` itself had to go."""
@@ -375,36 +362,11 @@ class Scheduler:
         while needed > bm.num_free_blocks:
             victim = next((s for s in reversed(self.running) if s.seq_id not in in_step), None)
             assert victim is not None, "the sequence itself is always a candidate"
-            self._preempt(victim)
+            self._lifecycle.preempt(victim)
+            self.num_preemptions += 1
             plan.num_preempted += 1
             if victim is seq:
                 return -1
             # Freeing a sibling can leave seq the sole owner of a shared block: recount.
             needed = bm.num_new_blocks_needed(seq.block_table, start, start + num_new)
         return needed
-
-    def _preempt(self, seq: Sequence) -> None:
-        self._queues.leave(seq)
-        self._prefix.register(seq, seq.num_computed_tokens)  # its recompute may find them
-        self.block_manager.free(seq.block_table)
-        seq.num_computed_tokens = 0
-        seq.status = Status.WAITING
-        seq.num_preemptions += 1
-        self.num_preemptions += 1
-        self._queues.wait(seq)
-
-    def _token_limit(self, seq: Sequence) -> int:
-        lengths = seq.params.sample_lengths
-        new = lengths[seq.sample_index] if lengths else seq.params.max_tokens
-        return min(seq.num_prompt_tokens + new, self.max_model_len)
-
-    def _finish(self, seq: Sequence, reason: str, keep: int) -> None:
-        if seq.block_table:
-            self._prefix.register(seq, min(seq.num_computed_tokens, keep))
-        self._queues.leave(seq)
-        self.block_manager.free(seq.block_table)
-        del seq.token_ids[keep:]
-        del seq.logprobs[keep - seq.num_prompt_tokens :]
-        seq.status = Status.FINISHED
-        seq.finish_reason = reason
-        seq.pending_step = seq.pending_row = -1
