@@ -11,7 +11,7 @@ generated arithmetic problems, starts Ray locally, logs to W&B offline under the
 directory, prints one line per step, and writes checkpoints, <output_dir>/final_model,
 summary.json and training.png. Ctrl-C stops after the current step with a checkpoint;
 trainer.resume_from_checkpoint=latest continues. Overrides are dotted.key=value pairs over the
-config file (see trainers/job/config.py for every key).
+config file (trainers/job/config.py and its sections' modules document every key).
 """
 
 from __future__ import annotations

@@ -368,8 +368,9 @@ def test_an_empty_section_in_the_file_is_the_defaults(tmp_path) -> None:
 
 
 def test_the_config_classes_check_when_built_directly() -> None:
-    from trainers.job.config import RolloutConfig, TrainerConfig
     from trainers.job.config_checks import ConfigError
+    from trainers.job.config_sections import RolloutConfig
+    from trainers.job.config_trainer import TrainerConfig
 
     with pytest.raises(ConfigError, match=r"^trainer.learning_rate=-1: must be > 0"):
         TrainerConfig(learning_rate=-1)

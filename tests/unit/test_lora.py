@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from tests.conftest import tiny_model
-from trainers.job.config import LoraSettings
 from trainers.job.config_loading import load_config
+from trainers.job.config_trainer import LoraSettings
 
 _LLAMA_LINEAR = "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainers.job.config import RolloutConfig
+from trainers.job.config_sections import RolloutConfig
 from trainers.job.placement import (
     Node,
     PlacementError,

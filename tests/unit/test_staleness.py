@@ -12,7 +12,7 @@ import pytest
 
 from rollout.actors.messages import CompletedGroup, FinishedSample
 from rollout.engine.sampling_params import SamplingParams
-from trainers.job.config import STALENESS_RULES, TrainerConfig
+from trainers.job.config_trainer import STALENESS_RULES, TrainerConfig
 from trainers.trl_adapter.staleness import StalenessGate, sample_version, trl_version
 
 pytest.importorskip("trl")

@@ -1,7 +1,8 @@
 """The GRPO job (`run_job`, in run.py; `plan_job` is `--plan`) and the pieces it runs, in order:
 
-- config.py       JobConfig: every key, documented; config_checks.py checks each value,
-                  config_loading.py reads the YAML file and the dotted overrides
+- config.py       JobConfig: every key, documented (its sections: config_trainer.py for
+                  `trainer.*`, config_sections.py for the others); config_checks.py checks
+                  each value, config_loading.py reads the YAML file and the dotted overrides
 - preflight.py    the user's inputs, checked before Ray starts (lora_targets.py: LoRA's target
                   layers against the model, built on the meta device)
 - resume.py       the checkpoint to resume from, checked whole before Ray starts

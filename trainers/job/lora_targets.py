@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from torch import nn
 
-    from trainers.job.config import LoraSettings
+    from trainers.job.config_trainer import LoraSettings
 
 _SUFFIXES_SHOWN = 8
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from trainers.job.config import LoraSettings
+    from trainers.job.config_trainer import LoraSettings
 
 # Where PeftModel keeps the transformers model it wraps, as a prefix of every module's name.
 _PEFT_PREFIX = "base_model.model."
