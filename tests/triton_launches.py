@@ -147,22 +147,31 @@ _ACTIVATIONS = {
     "_down_kernel": ("act_ptr", "out_ptr"),
     "_decode_kernel": ("q_ptr", "out_ptr"),
     "_extend_kernel": ("q_ptr", "out_ptr"),
+    "_rms_norm_rounded_kernel": ("x_ptr", "r_ptr", "w_ptr", "h_ptr", "y_ptr"),
+    "_silu_mul_rounded_kernel": ("gu_ptr", "y_ptr"),
+    "_round_rows_kernel": ("x_ptr", "y_ptr"),
 }
 
 
 def bf16_twins(launches: list[dict]) -> list[dict]:
     """Each distinct launch that read FP8 (weights or KV), with bf16 activations and the fast
-    widening on, as a bf16 model on the GPU launches it."""
+    widening on, and each that rounded to FP8, with bf16 activations and the GPU's own e4m3
+    conversion: as a bf16 model on the GPU launches them."""
     twins = {}
     for launch in launches:
         args = launch["args"]
         reads_fp8 = args.get("FP8", {}).get("value") or args.get("FP8_KV", {}).get("value")
-        if not reads_fp8 or "FAST_WIDEN" not in args:
+        rounds_to_fp8 = "HW_E4M3" in args
+        if not (reads_fp8 and "FAST_WIDEN" in args) and not rounds_to_fp8:
             continue
         twin = json.loads(json.dumps(launch))
         for name in _ACTIVATIONS[launch["kernel"]]:
             if twin["args"][name].get("pointer") == "fp32":  # FP8 activations stay FP8
                 twin["args"][name] = {**twin["args"][name], "pointer": "bf16"}
+        if rounds_to_fp8:
+            twin["args"]["HW_E4M3"] = {"value": True}
+            twins.setdefault(json.dumps(twin, sort_keys=True), twin)
+            continue
         twin["args"]["FAST_WIDEN"] = {"value": True}
         if "K_F16" in twin["args"]:  # the FP8 cache's K tiles as bf16 queries widen them
             twin["args"]["K_F16"] = {"value": fp16_keys(torch.zeros(1, dtype=torch.bfloat16), True)}
@@ -251,7 +260,7 @@ if __name__ == "__main__":
     twin_problems = compile_launches(twins, through="cubin", cubins=cubins)
     print(
         f"compiled {len(twins) - len(twin_problems)} of {len(twins)} bf16 twins of the FP8 "
-        "launches to sm_90 cubins"
+        "launches to sm_90 cubins (the FP8 reads and roundings)"
     )
     for line in problems + twin_problems:
         print(line)
