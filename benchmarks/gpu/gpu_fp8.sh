@@ -2,9 +2,7 @@
 # FP8 weights on one GPU, each part under its own time limit:
 #   tests    the GPU tests (all of tests/gpu, or GPU_TESTS): over 10 minutes on one H200, so
 #            tests1 (engine, FP8, attention kernels) and tests2 (the rest) fit one call each;
-#            with pytest-xdist, PYTEST_WORKERS=6 runs all of them in about 4 minutes (on an
-#            80 GB card two training tests then find too little memory for an actor's KV
-#            cache: 4 workers there)
+#            with pytest-xdist, PYTEST_WORKERS=6 runs all of them in about 4 minutes
 #   gemm     the decode GEMMs of the Qwen3-8B shape: cuBLAS bf16, Triton bf16, Triton FP8
 #   gemm-sweep  the FP8 GEMM's tile choices, tail to crowded steps (SWEEP_ROWS: 8 16 32 64 128)
 #   gemm-scaled the decode GEMMs with torch._scaled_mm beside them (GEMM_ROWS: 16 32 64 128)

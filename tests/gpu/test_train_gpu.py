@@ -111,7 +111,9 @@ def _sync_twice_and_compare(
             dtype="float32",
             max_model_len=64,
             compile_model=False,
-            gpu_memory_utilization=0.3,
+            # a fixed cache, not a share of what is free: pytest-xdist's other workers use the
+            # same GPU
+            num_kv_blocks=64,
         )
         pool = RolloutPool(engine, 1, num_gpus_per_actor=gpus_per_actor)
         trainer_model = tiny_model("llama", seed=11).to("cuda:0")  # other weights than the actor's
