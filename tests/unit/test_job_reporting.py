@@ -97,3 +97,40 @@ def test_a_dead_actor_is_a_console_line_and_a_summary_entry(capsys) -> None:
     )
     [entry] = deaths.summary()
     assert entry["actor"] == 0 and entry["step"] == 5 and "killed" in entry["error"]
+
+
+def test_trls_second_step_callback_is_not_a_warning() -> None:
+    """AsyncGRPOTrainer adds two StepIntervalCallbacks on purpose; transformers' warning about
+    the second is dropped, and its warnings about any other callback still show."""
+    import logging
+
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import CallbackHandler
+
+    from trainers.trl_adapter.streaming import _quiet_second_step_callback
+
+    class StepIntervalCallback(TrainerCallback):  # named as TRL's
+        pass
+
+    class OtherCallback(TrainerCallback):
+        pass
+
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    log = logging.getLogger("transformers.trainer_callback")
+    handler = Keep()
+    log.addHandler(handler)
+    try:
+        _quiet_second_step_callback()
+        _quiet_second_step_callback()  # once is enough
+        handler_list = CallbackHandler([], None, None, None, None)
+        for callback in (StepIntervalCallback, StepIntervalCallback, OtherCallback, OtherCallback):
+            handler_list.add_callback(callback())
+    finally:
+        log.removeHandler(handler)
+    added = [r for r in records if r.startswith("You are adding a")]
+    assert len(added) == 1 and "OtherCallback'> to the callbacks" in added[0], records

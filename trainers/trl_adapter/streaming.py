@@ -13,6 +13,7 @@ replaced after construction by `tree_attention.py`; `token_budget` is always set
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +102,7 @@ def build_async_trainer(
     from trl.experimental.async_grpo import async_grpo_trainer as trainer_module
 
     config = trl_config(AsyncGRPOConfig, args)
+    _quiet_second_step_callback()
     if not torch.cuda.is_available():
         # Feeds only the MFU metric and asks for a CUDA device: meaningless on CPU.
         trainer_module.get_peak_flops_per_device = lambda *a, **k: float("inf")  # MFU reads 0
@@ -117,3 +119,19 @@ def build_async_trainer(
     register_tree_attention()
     trainer.model.set_attn_implementation(TREE_ATTENTION_NAME)
     return trainer
+
+
+class _SecondStepCallbackNotice(logging.Filter):
+    """Drops transformers' warning that a second StepIntervalCallback is added: AsyncGRPOTrainer
+    adds two on purpose (the weight sync and the step metrics, each at its own interval), and the
+    warning, which lists every callback, asks nothing of the user."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # the added class's name, not the list of callbacks the message goes on to give
+        return "StepIntervalCallback'> to the callbacks" not in record.getMessage()
+
+
+def _quiet_second_step_callback() -> None:
+    callbacks_log = logging.getLogger("transformers.trainer_callback")
+    if not any(isinstance(f, _SecondStepCallbackNotice) for f in callbacks_log.filters):
+        callbacks_log.addFilter(_SecondStepCallbackNotice())
