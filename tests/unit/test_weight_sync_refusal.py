@@ -71,3 +71,35 @@ def test_one_ranks_nan_stops_every_rank() -> None:
                 p.kill()
     assert "1 tensor(s))" in got[0]  # rank 0's own weights are finite: no names of its own
     assert "1 tensor(s); on this rank: 1.weight" in got[1]
+
+
+def test_the_new_version_is_counted_before_the_actors_resume(monkeypatch) -> None:
+    """Streaming: once the actors resume, groups of the new weights can reach the rollout
+    worker at once (the parity probe runs after the resume); the trainer and the worker must
+    hold the new version by then, or such a group is scored one version in the future (a
+    negative staleness on the console)."""
+    from trainers.trl_adapter import sharded
+
+    transfer = RecordingTransfer()
+    counted = lambda: transfer.calls.append("counted")  # noqa: E731
+    send_to_pool(OneProcess(), _model(), transfer, lora=False, on_sent=counted)
+    assert transfer.calls == ["pause", "send 4", "counted", "resume"]
+
+    seen: list[int] = []
+
+    def syncing(accelerator, model, transfer, lora, probe, feed, on_sent):
+        on_sent()  # where the real sync calls it: sent, not yet resumed
+        seen.append(worker.version)
+        return 1.0, 2.0
+
+    worker = SimpleNamespace(version=3)
+    worker.update_model_version = lambda v: setattr(worker, "version", v)
+    trainer = SimpleNamespace(
+        accelerator=OneProcess(), model=_model(), weight_transfer=transfer, lora=False,
+        parity=None, feed=None, model_version=3, rollout_worker=worker,
+    )  # fmt: skip
+    cls = sharded.pool_trainer_class()
+    trainer._count_new_version = lambda: cls._count_new_version(trainer)
+    monkeypatch.setattr(sharded, "send_to_pool", syncing)
+    assert cls._sync_weight_merged(trainer, 0.0) == (1.0, 1.0, 2.0)
+    assert seen == [4] and trainer.model_version == 4 and worker.version == 4

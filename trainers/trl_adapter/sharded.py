@@ -109,11 +109,13 @@ def refuse_non_finite(accelerator, model) -> None:
 
 
 def send_to_pool(
-    accelerator, model, transfer, lora: bool, probe=None, feed=None
+    accelerator, model, transfer, lora: bool, probe=None, feed=None, on_sent=None
 ) -> tuple[float, float]:
     """One weight sync of `model` (the unwrapped trainer model) through `transfer` (rank 0's
     PoolWeightTransfer; other ranks may pass None), which every rank calls together. `feed`
-    (rank_feed.RankFeed, colocated ranks): each rank sends to the actor beside it. Returns the
+    (rank_feed.RankFeed, colocated ranks): each rank sends to the actor beside it. `on_sent`:
+    called on rank 0 once every rank has sent, before the actors resume (the trainer counts the
+    new version there, so no sample of it can be scored against the old one). Returns the
     times the actors were paused and the transfer ended. Weights holding NaN or infinity are
     refused first (`refuse_non_finite`)."""
     from trl.experimental.async_grpo.async_grpo_trainer import _iter_vllm_named_params
@@ -145,6 +147,8 @@ def send_to_pool(
     t_sent = time.time()
     accelerator.wait_for_everyone()
     if main:
+        if on_sent is not None:
+            on_sent()
         transfer.resume()
     if probe is not None:
         probe.run(accelerator, transfer if main else None)
@@ -191,16 +195,27 @@ def pool_trainer_class():
                 for name, value in plain.items():
                     setattr(trainer_module, name, value)
 
+        def _count_new_version(self) -> None:
+            """The actors hold the new weights (still paused): the trainer's version and the
+            rollout worker's move to it before any sample of it can reach the worker (after
+            the resume, the parity probe runs while groups finish: a worker still at the old
+            version would score them one version in the future)."""
+            self.model_version += 1
+            if self.rollout_worker:
+                self.rollout_worker.update_model_version(self.model_version)
+
         def _sync_weight_merged(self, t0: float):
             model = self.accelerator.unwrap_model(self.model)
             transfer = self.weight_transfer if self.accelerator.is_main_process else None
             t_paused, t_sent = send_to_pool(
-                self.accelerator, model, transfer, self.lora, self.parity, self.feed
+                self.accelerator,
+                model,
+                transfer,
+                self.lora,
+                self.parity,
+                self.feed,
+                on_sent=self._count_new_version,
             )
-            if self.accelerator.is_main_process:
-                self.model_version += 1
-                if self.rollout_worker:
-                    self.rollout_worker.update_model_version(self.model_version)
             # TRL logs pause, barrier and transfer; the pause is inside the first here.
             return t_paused, t_paused, t_sent
 
