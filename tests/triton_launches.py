@@ -7,8 +7,9 @@ makes (the kernel, its arguments' types, its compile-time constants and launch o
 `python -m tests.triton_launches FILE` then compiles every distinct one for an H200 (sm_90)
 ahead of time, on CPU, through Triton's own front end and layout passes; and each launch that
 reads FP8 once more with bf16 activations (`bf16_twins`), whose FP8 reads take
-`triton_fp8_widen`'s inline PTX, the interpreter cannot run: those down to a cubin, through the
-PTX assembler Triton ships. With `--sass` each of those prints its registers and its two
+`triton_fp8_widen`'s inline PTX, the interpreter cannot run, and each launch that rounds to FP8
+with the GPU's e4m3 conversion (`HW_E4M3`): those down to a cubin, through the PTX assembler
+Triton ships. With `--sass` each of those prints its registers and its two
 largest loops' instructions by opcode, counted in the compiled code (`sass_summary`): what one
 tile or K step costs, measured without a GPU (the counts hold for the Triton version installed;
 the GPU machine's own is what its runs execute).
