@@ -224,3 +224,4 @@ def test_the_ray_address_probe() -> None:
     assert ray_address_answers(f"127.0.0.1:{port}", timeout_s=1.0) is not None
     assert ray_address_answers("auto") is None  # Ray's own to resolve
     assert ray_address_answers("local") is None
+    assert ray_address_answers(f"http://127.0.0.1:{port}") is None  # a dashboard's: Ray's to say

@@ -16,10 +16,11 @@ from trainers.job.placement import MIN_BUNDLE_CPU, Node, Placement, PlacementErr
 def ray_address_answers(address: str, timeout_s: float = 10.0) -> str | None:
     """None when something accepts a connection at a `host:port` address (or `ray://host:port`)
     within `timeout_s`, else why not. Ray itself retries an address that does not answer for
-    minutes before giving up, so the job asks first. Other forms (`auto`, `local`) are Ray's to
-    resolve, and fail at once when no Ray runs here."""
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not host or not port.isdigit():
+    minutes before giving up, so the job asks first. Other forms (`auto`, `local`, another
+    scheme such as a dashboard's http://) are Ray's to resolve."""
+    bare = address.removeprefix("ray://")
+    host, sep, port = bare.rpartition(":")
+    if "://" in bare or not sep or not host or not port.isdigit():
         return None
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
