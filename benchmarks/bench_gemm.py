@@ -211,7 +211,7 @@ def measure_shape(
 
 
 # FP8-MMA tile choices --w8a8 times beside the engine's own (BLOCK_N, BLOCK_K, stages, K split,
-# warps, BLOCK_M): the sweep its choice in triton_linear._fp8_mma_tiles came from.
+# warps, BLOCK_M): the sweep its choice in triton_w8a8_linear._fp8_mma_tiles came from.
 W8A8_SWEEP = [
     (bn, 128, stages, split, 4, bm)
     for bm in (32, 64, 128)
@@ -222,8 +222,8 @@ W8A8_SWEEP = [
 
 
 def _measure_w8a8(x, fp8, want, copies: int) -> dict:
-    """The engine's W8A8 GEMM (`triton_linear.w8a8_linear`: x rounded to e4m3 with a scale per
-    row, then with one per row and 128 of K) at its tiles, its error against the fp32 GEMM of
+    """The engine's W8A8 GEMM (`triton_w8a8_linear.w8a8_linear`: x rounded to e4m3 with a scale
+    per row, then with one per row and 128 of K) at its tiles, its error against the fp32 GEMM of
     its rounded operands and against bf16 (the activations' rounding as well), and, from
     W8A8_MIN_ROWS, the best of W8A8_SWEEP (row blocks up to the rows' power of two, and of 64
     at fewer rows: Triton takes Hopper's FP8 wgmma only from 64-row blocks, and compiles
@@ -231,7 +231,7 @@ def _measure_w8a8(x, fp8, want, copies: int) -> dict:
     import torch
     import triton
 
-    from rollout.kernels import triton_linear
+    from rollout.kernels import triton_linear, triton_w8a8_linear
     from rollout.kernels.torch_fp8 import (
         dequantize_groups,
         dequantize_rows,
@@ -240,26 +240,26 @@ def _measure_w8a8(x, fp8, want, copies: int) -> dict:
     )
 
     m, n = x.shape[0], fp8[0][0].shape[0]
-    if m < triton_linear.W8A8_MIN_ROWS:
+    if m < triton_w8a8_linear.W8A8_MIN_ROWS:
         return {}  # the engine multiplies these by the FP8-weight kernel (the "FP8" column)
     x8, x_scale = quantize_rows(x)
     weight = dequantize_rows(*fp8[0], torch.bfloat16)
-    got = triton_linear.w8a8_linear(x8, x_scale, weight, None, *fp8[0]).float()
+    got = triton_w8a8_linear.w8a8_linear(x8, x_scale, weight, None, *fp8[0]).float()
     twin = dequantize_rows(x8, x_scale, torch.float32) @ weight.float().T
     row = {
         "w8a8_ms": time_in_graph(
-            lambda i: triton_linear.w8a8_linear(x8, x_scale, weight, None, *fp8[i]), copies
+            lambda i: triton_w8a8_linear.w8a8_linear(x8, x_scale, weight, None, *fp8[i]), copies
         ),
         "w8a8_error_to_twin": ((got - twin).norm() / twin.norm()).item(),
         "w8a8_rel_error": ((got - want).norm() / want.norm()).item(),
     }
     # the same with a scale per row and 128 of K (activation_quantization="fp8-group")
     g8, g_scale = quantize_groups(x)
-    got = triton_linear.w8a8_linear(g8, g_scale, weight, None, *fp8[0]).float()
+    got = triton_w8a8_linear.w8a8_linear(g8, g_scale, weight, None, *fp8[0]).float()
     twin = dequantize_groups(g8, g_scale, torch.float32) @ weight.float().T
     row |= {
         "w8a8_groups_ms": time_in_graph(
-            lambda i: triton_linear.w8a8_linear(g8, g_scale, weight, None, *fp8[i]), copies
+            lambda i: triton_w8a8_linear.w8a8_linear(g8, g_scale, weight, None, *fp8[i]), copies
         ),
         "w8a8_groups_error_to_twin": ((got - twin).norm() / twin.norm()).item(),
         "w8a8_groups_rel_error": ((got - want).norm() / want.norm()).item(),

@@ -293,6 +293,7 @@ def check_decode_linear() -> float:
         y = torch.empty(7, 80)
         triton_linear.launch(x, weight, None, y, 32, 128, 2, split_k=4)
         worst = max(worst, (y - torch.nn.functional.linear(x, weight)).abs().max().item())
+        _check_residual_add(x, weight, None, y, (32, 128, 2, 4))
     return worst
 
 
@@ -314,7 +315,17 @@ def check_fp8_linear() -> float:
             triton_linear.launch(x, q, bias, y, 32, 256, 2, scale=scale, split_k=split_k)
             want = torch_fp8.fp8_linear_reference(x, q, scale, bias)
             worst = max(worst, _error(y, want))
+            _check_residual_add(x, q, bias, y, (32, 256, 2, split_k), scale=scale)
     return worst
+
+
+def _check_residual_add(x, weight, bias, y, tiles, **kwargs) -> None:
+    """The same launch with a residual (a layer's add in the GEMM's last step) gives the
+    residual plus its output, bit for bit: the add the kernel saves a launch for."""
+    residual = torch.randn(y.shape, generator=torch.Generator().manual_seed(y.numel()))
+    summed = torch.empty_like(y)
+    triton_linear.launch(x, weight, bias, summed, *tiles, residual=residual, **kwargs)
+    assert torch.equal(summed, residual + y), f"residual add differs at {tuple(y.shape)}"
 
 
 def check_fused_experts() -> float:
@@ -472,6 +483,10 @@ def check_w8a8_linear() -> float:
                         scale=scale, x_scale=x_scale, block_m=block_m,
                     )  # fmt: skip
                     worst = max(worst, _error(y, want))
+                    _check_residual_add(
+                        x8, q, bias, y, (32, 128, 2, split_k),
+                        scale=scale, x_scale=x_scale, block_m=block_m,
+                    )  # fmt: skip
     return worst
 
 

@@ -143,7 +143,7 @@ _STAGES = ("ttir", "ttgir", "llir", "ptx", "cubin")
 # The activation pointers (the model's dtype) of the kernels that read FP8: fp32 in the
 # interpreter's launches, bf16 in their twins.
 _ACTIVATIONS = {
-    "_decode_linear_kernel": ("x_ptr", "y_ptr"),
+    "_decode_linear_kernel": ("x_ptr", "r_ptr", "y_ptr"),
     "_gate_up_kernel": ("x_ptr", "act_ptr"),
     "_down_kernel": ("act_ptr", "out_ptr"),
     "_decode_kernel": ("q_ptr", "out_ptr"),

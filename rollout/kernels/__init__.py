@@ -7,8 +7,8 @@ triton_paged_attention.py   KV write and prefill/extend; the Triton backend's su
 triton_decode_attention.py  split-KV decode, merged in the same launch
 triton_attention_tiles.py   per K/V tile: the paged read and the online-softmax fold
 triton_sampler.py           one-pass sampling for rows without top-k/top-p/min-p
-triton_linear.py            decode_linear: a GEMM for decode's few rows (bf16 or FP8 weights);
-                            w8a8_linear: FP8 rows and weights on the FP8 MMA
+triton_linear.py            decode_linear: a GEMM for decode's few rows (bf16 or FP8 weights)
+triton_w8a8_linear.py       w8a8_linear: FP8 rows and weights on the FP8 MMA (the same kernel)
 torch_fp8.py                FP8 weights: e4m3, power-of-two row scales, the GEMM's twin
 triton_rounded_rows.py      RMSNorm and silu(gate) * up with their outputs rounded to e4m3 (FP8
                             activations), one pass a row

@@ -9,5 +9,5 @@ EXTEND_BLOCK_M = 64
 W8A8_MIN_ROWS = 17
 W8A8_MAX_ROWS = 128
 """The rows at which a GEMM over FP8 activations and weights runs on the FP8 MMA
-(`triton_linear.w8a8_linear`); at fewer the FP8-weight kernel over the rounded rows is faster,
-at more (prefill) F.linear over them serves."""
+(`triton_w8a8_linear.w8a8_linear`); at fewer the FP8-weight kernel over the rounded rows is
+faster, at more (prefill) F.linear over them serves."""

@@ -20,27 +20,20 @@ widened to the activations' dtype in registers, exactly; each fp32 accumulator c
 once at the end. The engine keeps the weight itself as the values the FP8 form stands for, so the
 F.linear of a prefill and this kernel compute the same model.
 
-With FP8 activations as well (`w8a8_linear`, EngineConfig.activation_quantization="fp8") the rows
-come rounded to e4m3 with a scale each, and both operands go to the tensor cores' FP8 MMA as
-stored, the rows' and the columns' scales applied once at the end.
+With FP8 activations as well (EngineConfig.activation_quantization="fp8") the rows come rounded
+to e4m3 with a scale each, and both operands go to the tensor cores' FP8 MMA as stored, the rows'
+and the columns' scales applied once at the end: the same kernel, launched by
+`triton_w8a8_linear.w8a8_linear`.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from rollout.kernels.tiling import W8A8_MAX_ROWS, W8A8_MIN_ROWS
-from rollout.kernels.torch_fp8 import (
-    ACTIVATION_GROUP,
-    FP8_DTYPE,
-    dequantize_groups,
-    dequantize_rows,
-)
+from rollout.kernels.torch_fp8 import ACTIVATION_GROUP, FP8_DTYPE
 from rollout.kernels.triton_fp8_widen import fast_widen, widen_e4m3
 
 MAX_ROWS = 64
@@ -48,9 +41,9 @@ MAX_ROWS = 64
 
 @triton.jit
 def _decode_linear_kernel(
-    x_ptr, w_ptr, s_ptr, xs_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn,
-    stride_ym, stride_xsm, FP8: tl.constexpr, X_FP8: tl.constexpr, X_GROUPS: tl.constexpr,
-    IEEE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    x_ptr, w_ptr, s_ptr, xs_ptr, b_ptr, r_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm,
+    stride_wn, stride_ym, stride_rm, stride_xsm, FP8: tl.constexpr, X_FP8: tl.constexpr,
+    X_GROUPS: tl.constexpr, IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, FAST_WIDEN: tl.constexpr,
 ):  # fmt: skip
@@ -106,30 +99,35 @@ def _decode_linear_kernel(
                 acc += tl.load(part + s * M * N, mask=mn_mask, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + block, 0)
             _finish(
-                acc, s_ptr, xs_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym,
-                FP8, X_FP8 and not X_GROUPS, HAS_BIAS,
+                acc, s_ptr, xs_ptr, b_ptr, r_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask,
+                stride_ym, stride_rm, FP8, X_FP8 and not X_GROUPS, HAS_BIAS, HAS_RESIDUAL,
             )  # fmt: skip
     else:
         _finish(
-            acc, s_ptr, xs_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym,
-            FP8, X_FP8 and not X_GROUPS, HAS_BIAS,
+            acc, s_ptr, xs_ptr, b_ptr, r_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym,
+            stride_rm, FP8, X_FP8 and not X_GROUPS, HAS_BIAS, HAS_RESIDUAL,
         )  # fmt: skip
 
 
 @triton.jit
-def _finish(acc, s_ptr, xs_ptr, b_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym,
-            FP8: tl.constexpr, ROW_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
+def _finish(acc, s_ptr, xs_ptr, b_ptr, r_ptr, y_ptr, offs_m, offs_n, m_mask, n_mask, stride_ym,
+            stride_rm, FP8: tl.constexpr, ROW_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr,
+            HAS_RESIDUAL: tl.constexpr):  # fmt: skip
+    mn_mask = m_mask[:, None] & n_mask[None, :]
     if FP8:
         acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
     if ROW_SCALES:  # FP8 activations with one scale a row
         acc *= tl.load(xs_ptr + offs_m, mask=m_mask, other=0.0)[:, None]
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(
-        y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :],
-        acc.to(y_ptr.dtype.element_ty),
-        mask=m_mask[:, None] & n_mask[None, :],
-    )
+    out = acc.to(y_ptr.dtype.element_ty)
+    if HAS_RESIDUAL:
+        # The layer's residual add, as torch adds two tensors of y's dtype: the product rounded
+        # to that dtype first, the sum taken in fp32 and rounded once. So the sum's bits are
+        # those of the GEMM followed by its own add, and the add's launch is gone.
+        r = tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mn_mask, other=0.0)
+        out = (out.to(tl.float32) + r.to(tl.float32)).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], out, mask=mn_mask)
 
 
 SHARED_MEMORY_BUDGET = 200 * 1024  # of the H200's 227 KiB per block, with room to spare
@@ -153,14 +151,14 @@ def _tiles(rows: int, n: int, weight_bytes: int = 2, x_bytes: int = 2) -> tuple[
         block_n, block_k, stages, split_k = 64, 128, 4, 1
 
     def stage_bytes() -> int:
-        return (_block_m(rows) * x_bytes + block_n * weight_bytes) * block_k
+        return (row_block(rows) * x_bytes + block_n * weight_bytes) * block_k
 
     while 2 * stage_bytes() > SHARED_MEMORY_BUDGET and block_k > 32:
         block_k //= 2
     return block_n, block_k, max(2, min(stages, SHARED_MEMORY_BUDGET // stage_bytes())), split_k, 4
 
 
-def _block_m(rows: int) -> int:
+def row_block(rows: int) -> int:
     return max(16, triton.next_power_of_2(rows))
 
 
@@ -196,17 +194,21 @@ def decode_linear(
     fp8_weight: torch.Tensor | None = None,
     fp8_scale: torch.Tensor | None = None,
     triton_bf16: bool = True,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """F.linear(x, weight, bias), by the Triton kernel when x has at most MAX_ROWS rows. With
     `fp8_weight` and `fp8_scale` (weight's FP8 form: weight == fp8_weight * fp8_scale) the kernel
     reads those where that pays (`fp8_pays`); otherwise, with `triton_bf16` False, F.linear (the
-    projections where cuBLAS is the faster bf16 GEMM). More rows, or off CUDA: F.linear."""
+    projections where cuBLAS is the faster bf16 GEMM). More rows, or off CUDA: F.linear. With
+    `residual` (the output's shape): residual + that, the add in the kernel's last step where
+    the kernel runs (the same bits as the add after it)."""
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
+    check_residual(residual, x.shape[:-1], weight.shape[0], "decode_linear")
     if fp8_weight is not None and not fp8_pays(rows, weight.shape[0]):
         fp8_weight = fp8_scale = None
     if fp8_weight is None and not triton_bf16:
-        return F.linear(x, weight, bias)
+        return plus_residual(F.linear(x, weight, bias), residual)
     kernel_weight = weight if fp8_weight is None else fp8_weight
     # fp32 activations only over FP8 weights (the exactness tests of FP8 in fp32)
     dtypes = (torch.bfloat16, torch.float16) + ((torch.float32,) if fp8_weight is not None else ())
@@ -217,109 +219,39 @@ def decode_linear(
         or x.dtype not in dtypes
         or x.dtype != weight.dtype
     ):
-        return F.linear(x, weight, bias)
+        return plus_residual(F.linear(x, weight, bias), residual)
     x2 = x.reshape(rows, k).contiguous()
     n = weight.shape[0]
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     tiles = _tiles(rows, n, kernel_weight.element_size(), x.element_size())
-    launch(x2, kernel_weight, bias, y, *tiles, scale=fp8_scale)
-    return y.view(*x.shape[:-1], n)
+    r2, residual = residual_rows(residual, rows, n, y.dtype)
+    launch(x2, kernel_weight, bias, y, *tiles, scale=fp8_scale, residual=r2)
+    return plus_residual(y.view(*x.shape[:-1], n), residual)
 
 
-# FP8 activations too (EngineConfig.activation_quantization="fp8"): x8 [M, K] in e4m3 with a
-# power-of-two scale per row, and the product on the tensor cores' FP8 MMA, which reads both
-# operands as stored. From W8A8_MIN_ROWS to W8A8_MAX_ROWS rows: at fewer, the FP8-weight kernel
-# over the dequantized rows is faster (bench_gemm.py --w8a8 on one H200, 8 and 16 rows: q/k/v
-# 13.7 against 19.2 us with x widened in the kernel; docs/performance.md), and the caller
-# (fp8_linear.fp8_linear) sends them there.
-
-
-def _fp8_mma_tiles(rows: int, n: int, k: int, grouped: bool = False) -> tuple[tuple[int, ...], int]:
-    """((BLOCK_N, BLOCK_K, stages, K split, warps), BLOCK_M), from bench_gemm.py --w8a8's sweep
-    of Qwen3-8B's shapes at 32, 64, 96 and 128 rows (one H200): 64-column blocks in row blocks of
-    up to 64; K split until the launch has enough programs (more at up to 32 rows, where each
-    does less), and in one row block until no slice is longer than 4,096; deep pipelines for the
-    narrow outputs' unsplit or halved K. Wide outputs at more than 64 rows: 128 x 128 blocks,
-    each weight tile read once for all rows; with a scale per row and K tile (`grouped`) in 8
-    warps, as 4 spill there (compiled for sm_90: 255 registers and 55 spilled loads a K step
-    against 177 and none; not timed)."""
-    wide = n >= FP8_MIN_COLUMNS
-    if wide and rows > 64:
-        return (128, 128, 3, 1, 8 if grouped else 4), 128
-    block_n, block_k, block_m = 64, 128, min(64, _block_m(rows))
-    programs = 256 if rows <= 32 else 96
-    row_blocks = triton.cdiv(rows, block_m)
-    split_k = 1
-    while split_k < 8 and (
-        triton.cdiv(n, block_n) * split_k * row_blocks < programs
-        or (row_blocks == 1 and k // split_k > 4096)
-    ):
-        split_k *= 2
-    stages = 5 if not wide and split_k <= 2 else 3
-    return (block_n, block_k, stages, split_k, 4), block_m
-
-
-def fp8_mma_available(device: torch.device) -> bool:
-    """The tensor cores' FP8 MMA: NVIDIA from compute capability 8.9 (Ada, Hopper)."""
-    return (
-        device.type == "cuda"
-        and torch.version.hip is None
-        and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
-        and torch.cuda.get_device_capability(device) >= (8, 9)
-    )
-
-
-@torch.library.custom_op("rollout::w8a8_linear", mutates_args=())
-def w8a8_linear(
-    x8: torch.Tensor,
-    x_scale: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    fp8_weight: torch.Tensor,
-    fp8_scale: torch.Tensor,
-) -> torch.Tensor:
-    """F.linear(x8 * x_scale, weight, bias) in weight's dtype, where x8 [..., K] is e4m3 with a
-    power-of-two scale per row (x_scale [...], `torch_fp8.quantize_rows`) or per row and 128 of
-    K (x_scale [..., ceil(K / 128)], `torch_fp8.quantize_groups`) and weight == fp8_weight *
-    fp8_scale: by the FP8 MMA at W8A8_MIN_ROWS to W8A8_MAX_ROWS rows of bf16 or fp16, else
-    F.linear over the dequantized activations, which are exact in bf16. Both compute the same
-    products; only the summation order differs (and the MMA's, which adds each 128 of K at its
-    own precision before taking the sum into fp32)."""
-    k = x8.shape[-1]
-    rows = x8.numel() // k if k else 0
-    grouped = x_scale.shape != x8.shape[:-1]
-    if grouped and x_scale.shape != (*x8.shape[:-1], triton.cdiv(k, ACTIVATION_GROUP)):
+def check_residual(residual, leading: torch.Size, n: int, op: str) -> None:
+    if residual is not None and residual.shape != (*leading, n):
         raise ValueError(
-            f"w8a8_linear: x_scale {tuple(x_scale.shape)} for x8 {tuple(x8.shape)}: one scale a "
-            f"row, or one a row and {ACTIVATION_GROUP} of K"
+            f"{op}: residual {tuple(residual.shape)} must have the output's shape {(*leading, n)}"
         )
-    if (
-        not W8A8_MIN_ROWS <= rows <= W8A8_MAX_ROWS
-        or weight.dtype not in (torch.bfloat16, torch.float16)
-        or not supported(fp8_weight)
-        or not fp8_mma_available(x8.device)
-    ):
-        dequantize = dequantize_groups if grouped else dequantize_rows
-        return F.linear(dequantize(x8, x_scale, weight.dtype), weight, bias)
-    n = weight.shape[0]
-    y = torch.empty(rows, n, dtype=weight.dtype, device=x8.device)
-    tiles, block_m = _fp8_mma_tiles(rows, n, k, grouped)
-    x_scale = x_scale.reshape(rows, -1) if grouped else x_scale.reshape(rows)
-    launch(
-        x8.reshape(rows, k).contiguous(), fp8_weight, bias, y, *tiles,
-        scale=fp8_scale, x_scale=x_scale.float().contiguous(), block_m=block_m,
-    )  # fmt: skip
-    return y.view(*x8.shape[:-1], n)
 
 
-@w8a8_linear.register_fake
-def _(x8, x_scale, weight, bias, fp8_weight, fp8_scale) -> torch.Tensor:
-    return x8.new_empty(*x8.shape[:-1], weight.shape[0], dtype=weight.dtype)
+def residual_rows(residual, rows: int, n: int, dtype: torch.dtype):
+    """(residual as [rows, n] rows for the kernel's last step, None) where the kernel can add
+    it (y's dtype), else (None, residual): the caller adds it after."""
+    if residual is None or residual.dtype != dtype:
+        return None, residual
+    r2 = residual.reshape(rows, n)
+    return (r2 if r2.stride(1) == 1 else r2.contiguous()), None
+
+
+def plus_residual(out: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    return out if residual is None else residual + out
 
 
 def launch(
     x, weight, bias, y, block_n: int, block_k: int, stages: int, split_k: int = 1, warps: int = 4,
-    *, scale=None, x_scale=None, block_m: int | None = None,
+    *, scale=None, x_scale=None, block_m: int | None = None, residual=None,
 ) -> None:  # fmt: skip
     """y[M, N] = x[M, K] @ weight[N, K].T (+ bias) with the given tiles (bench_gemm.py sweeps
     them); with `scale` [N], weight is FP8 and y = (x @ weight.T) * scale (+ bias); with
@@ -327,7 +259,8 @@ def launch(
     multiplied by its scale; with `x_scale` [M, ceil(K / block_k)], each row's products over a
     K tile are multiplied by that tile's scale (block_k must be ACTIVATION_GROUP). `split_k`
     slices K over that many programs per column block (whole BLOCK_K tiles each, else no
-    split); `block_m` rows a program (default: all of them)."""
+    split); `block_m` rows a program (default: all of them); with `residual` [M, N] (y's dtype,
+    its rows contiguous), y = residual + that, added as torch adds (`_finish`)."""
     rows, k = x.shape
     n = weight.shape[0]
     x_groups = x_scale is not None and x_scale.dim() == 2
@@ -336,7 +269,7 @@ def launch(
             f"launch: x_scale {tuple(x_scale.shape)}, a scale a row and K tile, needs K tiles of "
             f"{ACTIVATION_GROUP} (block_k {block_k}) and {triton.cdiv(k, ACTIVATION_GROUP)} a row"
         )
-    block_m = block_m or _block_m(rows)
+    block_m = block_m or row_block(rows)
     column_blocks, row_blocks = triton.cdiv(n, block_n), triton.cdiv(rows, block_m)
     if split_k > 1 and k % (split_k * block_k) == 0:
         counters = _split_counters(x.device, column_blocks * row_blocks)
@@ -348,12 +281,13 @@ def launch(
     )
     _decode_linear_kernel[(column_blocks, split_k, row_blocks)](
         x, weight, scale if scale is not None else y, x_scale if x_scale is not None else y,
-        bias if bias is not None else y, y, partials, counters if counters is not None else y,
-        rows, n, k, x.stride(0), weight.stride(0), y.stride(0),
+        bias if bias is not None else y, residual if residual is not None else y, y, partials,
+        counters if counters is not None else y, rows, n, k, x.stride(0), weight.stride(0),
+        y.stride(0), residual.stride(0) if residual is not None else 0,
         x_scale.stride(0) if x_groups else 0,
         FP8=scale is not None, X_FP8=x_scale is not None, X_GROUPS=x_groups,
-        IEEE=y.dtype == torch.float32,
-        HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
+        IEEE=y.dtype == torch.float32, HAS_BIAS=bias is not None,
+        HAS_RESIDUAL=residual is not None, EVEN_K=k % block_k == 0,
         SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         FAST_WIDEN=scale is not None and fast_widen(y.dtype, x.device),
         num_warps=warps, num_stages=stages,
@@ -383,5 +317,7 @@ def _split_counters(device: torch.device, column_blocks: int) -> torch.Tensor | 
 
 
 @decode_linear.register_fake
-def _(x, weight, bias, fp8_weight=None, fp8_scale=None, triton_bf16=True) -> torch.Tensor:
+def _(
+    x, weight, bias, fp8_weight=None, fp8_scale=None, triton_bf16=True, residual=None
+) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], weight.shape[0])

@@ -166,7 +166,7 @@ def test_w8a8_linear_matches_its_twin(rows: int, n: int, k: int, scales: str, mo
     weights: the FP8 MMA from 17 to 128 rows (one row block, or several), F.linear over the
     dequantized rows elsewhere; each against the fp32 GEMM of the dequantized operands, whose
     products are the same exactly."""
-    from rollout.kernels import triton_linear
+    from rollout.kernels import triton_w8a8_linear
     from rollout.kernels.torch_fp8 import (
         FP8_DTYPE,
         dequantize_groups,
@@ -193,13 +193,13 @@ def test_w8a8_linear_matches_its_twin(rows: int, n: int, k: int, scales: str, mo
     x8, x_scale = quantize(x)
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=g)
     for b in (None, bias):
-        got = triton_linear.w8a8_linear(x8, x_scale, weight, b, q, scale)
+        got = triton_w8a8_linear.w8a8_linear(x8, x_scale, weight, b, q, scale)
         assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
         want = F.linear(dequantize(x8, x_scale, torch.float32), weight.float())
         want = want if b is None else want + b.float()
         assert _rel_error(got, want) < 5e-3, rows
         assert _rel_error(got[:1], want[:1]) < 5e-3  # the small row is not lost beside the rest
-    served = triton_linear.W8A8_MIN_ROWS <= rows <= triton_linear.W8A8_MAX_ROWS
+    served = triton_w8a8_linear.W8A8_MIN_ROWS <= rows <= triton_w8a8_linear.W8A8_MAX_ROWS
     assert launches == [True, True] if served else not launches
 
 
@@ -209,7 +209,7 @@ def test_w8a8_split_k_repeats_in_a_graph(rows: int, scales: str) -> None:
     """The FP8-activation launches split K too (here a down-shaped output, over one row block
     and over two): a replayed graph gives the eager launch's bits every time."""
     from rollout.kernels.torch_fp8 import FP8_DTYPE, quantize_groups, quantize_rows, round_to_fp8_
-    from rollout.kernels.triton_linear import w8a8_linear
+    from rollout.kernels.triton_w8a8_linear import w8a8_linear
 
     quantize = quantize_groups if scales == "group" else quantize_rows
 
@@ -230,3 +230,29 @@ def test_w8a8_split_k_repeats_in_a_graph(rows: int, scales: str) -> None:
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("rows", [1, 8, 16, 24, 64, 100, 129])
+@pytest.mark.parametrize("scales", [None, "row", "group"])
+def test_a_residual_added_in_the_kernel_gives_the_adds_bits(rows: int, scales) -> None:
+    """Down's GEMM under FP8 weights (`scales` None) and FP8 activations adds the layer's
+    residual in its last step: the same bits as the GEMM and then torch's add, K split or not,
+    on the FP8-weight kernel (up to 16 rows), the FP8 MMA (17-128) and F.linear (129)."""
+    from rollout.kernels.torch_fp8 import FP8_DTYPE, quantize_groups, quantize_rows, round_to_fp8_
+    from rollout.kernels.triton_w8a8_linear import w8a8_linear
+
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    x = torch.randn(rows, 12288, device="cuda", dtype=torch.bfloat16, generator=g)
+    weight = (torch.randn(4096, 12288, device="cuda", generator=g) * 0.02).bfloat16()
+    q = torch.empty(4096, 12288, device="cuda", dtype=FP8_DTYPE)
+    scale = torch.empty(4096, device="cuda")
+    round_to_fp8_(weight, q, scale)
+    residual = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16, generator=g) * 4
+    if scales is None:
+        plain = triton_linear.decode_linear(x, weight, None, q, scale)
+        summed = triton_linear.decode_linear(x, weight, None, q, scale, True, residual)
+    else:
+        x8, x_scale = (quantize_rows if scales == "row" else quantize_groups)(x)
+        plain = w8a8_linear(x8, x_scale, weight, None, q, scale)
+        summed = w8a8_linear(x8, x_scale, weight, None, q, scale, residual)
+    assert torch.equal(summed, residual + plain)

@@ -79,6 +79,31 @@ def test_the_fp8_gemm_off_the_gpu_is_the_rounded_weights_gemm() -> None:
     torch.testing.assert_close(y, fp8_linear_reference(x, q, scale, bias), rtol=1e-5, atol=1e-5)
 
 
+def test_the_gemm_ops_add_a_residual_of_the_outputs_shape_and_refuse_another() -> None:
+    """A layer's residual add handed to the GEMM (the MLP's down projection under FP8
+    activations): off the GPU both ops add it after F.linear, as the kernels do in their last
+    step; a residual of another shape is a caller's error, not a broadcast."""
+    from rollout.kernels.torch_fp8 import quantize_rows
+    from rollout.kernels.triton_linear import decode_linear
+    from rollout.kernels.triton_w8a8_linear import w8a8_linear
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 3, 64, generator=g).bfloat16()
+    weight = torch.randn(40, 64, generator=g).bfloat16()
+    q, scale = torch.empty(40, 64, dtype=FP8_DTYPE), torch.empty(40)
+    round_to_fp8_(weight, q, scale)
+    residual = torch.randn(2, 3, 40, generator=g).bfloat16()
+    plain = decode_linear(x, weight, None, q, scale)
+    assert torch.equal(decode_linear(x, weight, None, q, scale, True, residual), residual + plain)
+    x8, x_scale = quantize_rows(x)
+    plain = w8a8_linear(x8, x_scale, weight, None, q, scale)
+    assert torch.equal(w8a8_linear(x8, x_scale, weight, None, q, scale, residual), residual + plain)
+    with pytest.raises(ValueError, match=r"residual \(3, 40\) must have the output's shape"):
+        decode_linear(x, weight, None, q, scale, True, residual[0])
+    with pytest.raises(ValueError, match="w8a8_linear: residual"):
+        w8a8_linear(x8, x_scale, weight, None, q, scale, residual[:, :1])
+
+
 def test_scales_are_powers_of_two_so_the_rounded_weight_is_exact_in_bf16() -> None:
     g = torch.Generator().manual_seed(2)
     weight = torch.randn(64, 96, generator=g) * torch.logspace(-5, 3, 64)[:, None]

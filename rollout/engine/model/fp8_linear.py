@@ -9,12 +9,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rollout.kernels import triton_rounded_rows  # noqa: F401 - registers rollout::round_rows
+from rollout.kernels import (  # noqa: F401 - register rollout::round_rows and ::w8a8_linear
+    triton_rounded_rows,
+    triton_w8a8_linear,
+)
 from rollout.kernels.tiling import W8A8_MAX_ROWS, W8A8_MIN_ROWS
 
 
 def fp8_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias, fp8, triton_bf16: bool = False, rounded_input=None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias,
+    fp8,
+    triton_bf16: bool = False,
+    rounded_input=None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x @ weight.T (+ bias), reading the FP8 form on CUDA where that pays (`triton_linear.fp8_pays`:
     every projection at a few rows, the wide ones at more); elsewhere `weight`, which holds the
@@ -22,7 +31,8 @@ def fp8_linear(
     With inputs rounded (activation_quantization="fp8" or "fp8-group"), x is rounded here
     (`triton_rounded_rows.round_rows`: one pass a row on CUDA, its twin elsewhere) and the FP8
     GEMM reads both forms; or, with `rounded_input` (x8, x_scale), x is rounded already (by a
-    rounding norm or activation: rounded_layers.py) and that is its FP8 form."""
+    rounding norm or activation: rounded_layers.py) and that is its FP8 form. With `residual`:
+    residual + that, added by the GEMM's kernel where one runs."""
     q, scale, input_scales = fp8
     if input_scales is not None:
         if rounded_input is None:
@@ -30,12 +40,13 @@ def fp8_linear(
         x8, x_scale = rounded_input
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if x.is_cuda and W8A8_MIN_ROWS <= rows <= W8A8_MAX_ROWS:
-            return torch.ops.rollout.w8a8_linear(x8, x_scale, weight, bias, q, scale)
+            return torch.ops.rollout.w8a8_linear(x8, x_scale, weight, bias, q, scale, residual)
         # fewer rows (the FP8-weight kernel is faster there) or more (prefill): x, the rounded
         # rows in its dtype, exactly
     if x.is_cuda:
-        return torch.ops.rollout.decode_linear(x, weight, bias, q, scale, triton_bf16)
-    return F.linear(x, weight, bias)
+        return torch.ops.rollout.decode_linear(x, weight, bias, q, scale, triton_bf16, residual)
+    out = F.linear(x, weight, bias)
+    return out if residual is None else residual + out
 
 
 def fp8_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -18,9 +18,9 @@ With `EngineConfig.activation_quantization="fp8"` the decoder layers' quantized 
 round their inputs too: each row to e4m3 with a power-of-two scale of its own (the weights'
 rule, `torch_fp8.quantize_rows`), or with "fp8-group" each 128 consecutive inputs of a row
 (`torch_fp8.quantize_groups`), so the decode GEMMs can run on the tensor cores' FP8 MMA
-(`triton_linear.w8a8_linear`, called by `fp8_linear.py`). The model served is then the one
-whose projections see those rounded inputs, at every batch size and in prefill alike (exact in
-bf16, as the weights are).
+(`triton_w8a8_linear.w8a8_linear`, called by `fp8_linear.py`). The model served is then the
+one whose projections see those rounded inputs, at every batch size and in prefill alike
+(exact in bf16, as the weights are).
 
 Weight sync writes the bf16 values into the same parameters as without FP8; `round_all` then
 quantizes every tensor again in place on the device (LLMEngine.update_weights calls it after each

@@ -112,14 +112,18 @@ def _layers_or_none(model: nn.Module) -> list[nn.Module]:
         return []
 
 
-def _project(linear: nn.Linear, x: torch.Tensor, rounded_input=None) -> torch.Tensor:
+def _project(linear: nn.Linear, x: torch.Tensor, rounded_input=None, residual=None) -> torch.Tensor:
+    """linear(x), or residual + linear(x): the GEMM's kernel adds it where one runs."""
     fp8 = getattr(linear, "_fp8", None)  # fp8_weights.py
     if fp8 is not None:
         triton_bf16 = getattr(linear, "_decode_linear", False)
-        return fp8_linear(x, linear.weight, linear.bias, fp8, triton_bf16, rounded_input)
+        return fp8_linear(x, linear.weight, linear.bias, fp8, triton_bf16, rounded_input, residual)
     if getattr(linear, "_decode_linear", False):
-        return torch.ops.rollout.decode_linear(x, linear.weight, linear.bias)
-    return linear(x)
+        return torch.ops.rollout.decode_linear(
+            x, linear.weight, linear.bias, None, None, True, residual
+        )
+    out = linear(x)
+    return out if residual is None else residual + out
 
 
 def _fused_linear(x, weight, bias, fp8, rounded_input=None) -> torch.Tensor:
@@ -209,17 +213,19 @@ def _fused_attention_forward(
     return _project(self.o_proj, out), weights
 
 
-def _fused_mlp_forward(self, x, rounded_input=None):
+def _fused_mlp_forward(self, x, rounded_input=None, residual=None):
+    """The MLP; with `residual`, residual + the MLP (the layer's add, in down's GEMM)."""
     if torch.is_grad_enabled():
-        return self._unfused_forward(x)
+        out = self._unfused_forward(x)
+        return out if residual is None else residual + out
     gate_up = _fused_linear(
         x, self.gate_up_weight, self.gate_up_bias, self._fp8_gate_up, rounded_input
     )
     if (input_scales := _rounded_silu(self)) is not None:  # FP8 activations: rounded in the act
         y, q, scale = torch.ops.rollout.silu_mul_rounded(gate_up, input_scales == "group")
-        return _project(self.down_proj, y, rounded_input=(q, scale))
+        return _project(self.down_proj, y, rounded_input=(q, scale), residual=residual)
     gate, up = gate_up.split(self.gate_up_sizes, dim=-1)
-    return _project(self.down_proj, self.act_fn(gate) * up)
+    return _project(self.down_proj, self.act_fn(gate) * up, residual=residual)
 
 
 def _rounded_silu(mlp: nn.Module) -> str | None:

@@ -8,7 +8,9 @@ activations' dtype and as e4m3 with their scales, in the norm's one pass. The la
 here is transformers' Llama-family forward (residual, input norm, attention, residual add,
 post-attention norm, MLP, residual add) with those two norms (the second with the residual add
 before it) in one kernel each, the rounded rows handed to our fused attention and MLP forwards
-(`fused_projections`), which pass them to their projections instead of rounding again.
+(`fused_projections`), which pass them to their projections instead of rounding again; and the
+last residual add in the down projection's GEMM (its kernel's last step, the same bits as an
+add after it).
 
 Only layers of the classes below, with RMSNorms of the classes below and whose attention and MLP
 run our fused forwards, are changed; any other layer keeps its own forward, and its projections
@@ -103,4 +105,5 @@ def _rounding_layer_forward(self, hidden_states: torch.Tensor, *args, **kwargs):
     residual, normed, q, scale = torch.ops.rollout.add_rms_norm_rounded(
         attended, residual, norm.weight, norm.variance_epsilon, grouped
     )
-    return residual + self.mlp(normed, rounded_input=(q, scale))
+    # the residual add in down's GEMM (its kernel's last step): one launch fewer a layer
+    return self.mlp(normed, rounded_input=(q, scale), residual=residual)

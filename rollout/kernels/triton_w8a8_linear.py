@@ -1,0 +1,110 @@
+"""A GEMM over FP8 activations and FP8 weights (EngineConfig.activation_quantization="fp8" or
+"fp8-group"): x8 [M, K] in e4m3 with a power-of-two scale per row (or per row and 128 of K), and
+the product on the tensor cores' FP8 MMA, which reads both operands as stored.
+
+It is `triton_linear`'s decode GEMM with its `X_FP8` path; this module picks that launch's tiles
+and serves it as the custom op `rollout::w8a8_linear`. From W8A8_MIN_ROWS to W8A8_MAX_ROWS rows:
+at fewer, the FP8-weight kernel over the dequantized rows is faster (bench_gemm.py --w8a8 on one
+H200, 8 and 16 rows: q/k/v 13.7 against 19.2 us with x widened in the kernel;
+docs/performance.md), and the caller (fp8_linear.fp8_linear) sends them there.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from rollout.kernels import triton_linear
+from rollout.kernels.tiling import W8A8_MAX_ROWS, W8A8_MIN_ROWS
+from rollout.kernels.torch_fp8 import ACTIVATION_GROUP, dequantize_groups, dequantize_rows
+
+
+def _fp8_mma_tiles(rows: int, n: int, k: int, grouped: bool = False) -> tuple[tuple[int, ...], int]:
+    """((BLOCK_N, BLOCK_K, stages, K split, warps), BLOCK_M), from bench_gemm.py --w8a8's sweep
+    of Qwen3-8B's shapes at 32, 64, 96 and 128 rows (one H200): 64-column blocks in row blocks of
+    up to 64; K split until the launch has enough programs (more at up to 32 rows, where each
+    does less), and in one row block until no slice is longer than 4,096; deep pipelines for the
+    narrow outputs' unsplit or halved K. Wide outputs at more than 64 rows: 128 x 128 blocks,
+    each weight tile read once for all rows; with a scale per row and K tile (`grouped`) in 8
+    warps, as 4 spill there (compiled for sm_90: 255 registers and 55 spilled loads a K step
+    against 177 and none; not timed)."""
+    wide = n >= triton_linear.FP8_MIN_COLUMNS
+    if wide and rows > 64:
+        return (128, 128, 3, 1, 8 if grouped else 4), 128
+    block_n, block_k, block_m = 64, 128, min(64, triton_linear.row_block(rows))
+    programs = 256 if rows <= 32 else 96
+    row_blocks = triton.cdiv(rows, block_m)
+    split_k = 1
+    while split_k < 8 and (
+        triton.cdiv(n, block_n) * split_k * row_blocks < programs
+        or (row_blocks == 1 and k // split_k > 4096)
+    ):
+        split_k *= 2
+    stages = 5 if not wide and split_k <= 2 else 3
+    return (block_n, block_k, stages, split_k, 4), block_m
+
+
+def fp8_mma_available(device: torch.device) -> bool:
+    """The tensor cores' FP8 MMA: NVIDIA from compute capability 8.9 (Ada, Hopper)."""
+    return (
+        device.type == "cuda"
+        and torch.version.hip is None
+        and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+        and torch.cuda.get_device_capability(device) >= (8, 9)
+    )
+
+
+@torch.library.custom_op("rollout::w8a8_linear", mutates_args=())
+def w8a8_linear(
+    x8: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    fp8_weight: torch.Tensor,
+    fp8_scale: torch.Tensor,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(residual +) F.linear(x8 * x_scale, weight, bias) in weight's dtype, where x8 [..., K] is e4m3 with a
+    power-of-two scale per row (x_scale [...], `torch_fp8.quantize_rows`) or per row and 128 of
+    K (x_scale [..., ceil(K / 128)], `torch_fp8.quantize_groups`) and weight == fp8_weight *
+    fp8_scale: by the FP8 MMA at W8A8_MIN_ROWS to W8A8_MAX_ROWS rows of bf16 or fp16, else
+    F.linear over the dequantized activations, which are exact in bf16. Both compute the same
+    products; only the summation order differs (and the MMA's, which adds each 128 of K at its
+    own precision before taking the sum into fp32). `residual` (the output's shape) is added as
+    `triton_linear.decode_linear` adds it: in the kernel's last step where the kernel runs."""
+    k = x8.shape[-1]
+    rows = x8.numel() // k if k else 0
+    triton_linear.check_residual(residual, x8.shape[:-1], weight.shape[0], "w8a8_linear")
+    grouped = x_scale.shape != x8.shape[:-1]
+    if grouped and x_scale.shape != (*x8.shape[:-1], triton.cdiv(k, ACTIVATION_GROUP)):
+        raise ValueError(
+            f"w8a8_linear: x_scale {tuple(x_scale.shape)} for x8 {tuple(x8.shape)}: one scale a "
+            f"row, or one a row and {ACTIVATION_GROUP} of K"
+        )
+    if (
+        not W8A8_MIN_ROWS <= rows <= W8A8_MAX_ROWS
+        or weight.dtype not in (torch.bfloat16, torch.float16)
+        or not triton_linear.supported(fp8_weight)
+        or not fp8_mma_available(x8.device)
+    ):
+        dequantize = dequantize_groups if grouped else dequantize_rows
+        out = F.linear(dequantize(x8, x_scale, weight.dtype), weight, bias)
+        return triton_linear.plus_residual(out, residual)
+    n = weight.shape[0]
+    y = torch.empty(rows, n, dtype=weight.dtype, device=x8.device)
+    tiles, block_m = _fp8_mma_tiles(rows, n, k, grouped)
+    x_scale = x_scale.reshape(rows, -1) if grouped else x_scale.reshape(rows)
+    r2, residual = triton_linear.residual_rows(residual, rows, n, y.dtype)
+    triton_linear.launch(  # by the module: tests count its launches
+        x8.reshape(rows, k).contiguous(), fp8_weight, bias, y, *tiles,
+        scale=fp8_scale, x_scale=x_scale.float().contiguous(), block_m=block_m, residual=r2,
+    )  # fmt: skip
+    return triton_linear.plus_residual(y.view(*x8.shape[:-1], n), residual)
+
+
+@w8a8_linear.register_fake
+def _(x8, x_scale, weight, bias, fp8_weight, fp8_scale, residual=None) -> torch.Tensor:
+    return x8.new_empty(*x8.shape[:-1], weight.shape[0], dtype=weight.dtype)
