@@ -2,6 +2,7 @@
 
 config.py, sampling_params.py   EngineConfig and SamplingParams (frozen, validated)
 llm_engine.py                   LLMEngine: requests in, completions out; stats, weights
+assembly.py                     its parts, built for a model and config and checked together
 stats.py                        EngineStats: what the engine reports about itself
 weight_update.py                new weights copied in place, after the steps in flight
 forward_check.py                the construction-time forward that refuses what it cannot serve

@@ -10,22 +10,17 @@ from typing import Any, NamedTuple
 
 import torch
 
+from rollout.engine.assembly import assemble
 from rollout.engine.config import EngineConfig
 from rollout.engine.execution.device_timing import DeviceTiming
-from rollout.engine.execution.kv_cache import KVCacheShape, decide_num_blocks, kv_dtype
 from rollout.engine.execution.model_runner import ModelRunner
-from rollout.engine.forward_check import check_forward
-from rollout.engine.model.capabilities import check_config
-from rollout.engine.model.fp8_weights import fp8_bytes_needed
 from rollout.engine.model.loader import (
-    eos_token_ids_of,
     load_model,
     load_tokenizer,
     model_folder,
     resolve_device,
     resolve_dtype,
 )
-from rollout.engine.model.route_recording import model_routers
 from rollout.engine.sampling_params import SamplingParams
 from rollout.engine.scheduling.block_manager import BlockManager
 from rollout.engine.scheduling.request_checks import check_prompt
@@ -34,7 +29,6 @@ from rollout.engine.scheduling.sequence import Completion, Sequence
 from rollout.engine.seeds import request_seed
 from rollout.engine.stats import EngineStats, collect_stats, reset_counters
 from rollout.engine.step_loop import OverlapLoop, SyncLoop
-from rollout.engine.stop_strings import StopStrings
 from rollout.engine.weight_update import (
     NamedTensors,
     NonFiniteWeightsError,
@@ -87,61 +81,18 @@ class LLMEngine:
         return engine
 
     def _setup(self, model, config: EngineConfig, tokenizer, device, dtype) -> None:
-        check_config(model)  # before any memory is allocated for it
-        if config.record_routes:
-            model_routers(model)  # raises, saying why, when its routes cannot be recorded
-        model.eval()
+        parts = assemble(model, config, tokenizer, device, dtype)
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
         self.dtype = dtype
-        self.vocab_size = model.get_input_embeddings().weight.shape[0]
-        shape = KVCacheShape.from_model_config(model.config)
-        pending = (
-            fp8_bytes_needed(model, config.fp8_lm_head)
-            if config.weight_quantization == "fp8"
-            else 0
-        )
-        self.num_kv_blocks = decide_num_blocks(
-            config, shape, kv_dtype(config, dtype), device, self.vocab_size, pending
-        )
-        self._runner = ModelRunner(
-            model, config, device, dtype, self.num_kv_blocks, self.vocab_size
-        )
-        loop_class = OverlapLoop if config.overlap else SyncLoop
-        eos_token_ids = eos_token_ids_of(model, tokenizer)
-        stop_string_hit = StopStrings(tokenizer).hit if tokenizer is not None else None
-
-        def new_scheduler(block_manager: BlockManager) -> Scheduler:
-            return Scheduler(
-                block_manager,
-                max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                max_model_len=config.max_model_len,
-                eos_token_ids=eos_token_ids,
-                speculative_tokens=(
-                    config.num_speculative_tokens if config.speculative != "none" else 0
-                ),
-                speculative_max_seqs=config.speculative_max_seqs,
-                prefix_caching=config.enable_prefix_caching,
-                stop_string_hit=stop_string_hit,
-            )
-
-        check_forward(
-            model,
-            loop_class(
-                new_scheduler(BlockManager(self.num_kv_blocks, config.block_size)),
-                self._runner,
-                config.block_size,
-            ),
-            config,
-            self.vocab_size,
-            cache_tokens=self.num_kv_blocks * config.block_size,
-        )
-        self._block_manager = BlockManager(self.num_kv_blocks, config.block_size)
-        self._scheduler = new_scheduler(self._block_manager)
-        self._step_loop = loop_class(self._scheduler, self._runner, config.block_size)
+        self.vocab_size = parts.vocab_size
+        self.num_kv_blocks = parts.num_kv_blocks
+        self._runner = parts.runner
+        self._block_manager = parts.block_manager
+        self._scheduler = parts.scheduler
+        self._step_loop = parts.step_loop
         self._ready: list[Completion] = []  # results known without running (bad requests, aborts)
         self._refused_weights: str | None = None  # why the weights cannot run (update_weights)
         self._arrivals = itertools.count()
