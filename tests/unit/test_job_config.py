@@ -599,7 +599,7 @@ def test_several_ranks_and_each_layout_are_accepted() -> None:
 
 
 def test_rollout_actors_default_to_auto_which_is_one_on_cpu() -> None:
-    from trainers.job.placement import plan_placement, this_machine
+    from trainers.job.layouts import plan_placement, this_machine
 
     rollout = load_config(None, []).rollout
     assert rollout.num_actors == 0

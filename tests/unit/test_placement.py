@@ -5,12 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trainers.job.config_sections import RolloutConfig
-from trainers.job.placement import (
-    Node,
-    PlacementError,
-    plan_placement,
-    this_machine,
-)
+from trainers.job.layouts import plan_placement, this_machine
+from trainers.job.placement import Node, PlacementError
 from trainers.job.seats_on_ray import ray_visible_devices
 
 

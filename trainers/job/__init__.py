@@ -6,8 +6,9 @@
 - preflight.py    the user's inputs, checked before Ray starts (lora_targets.py: LoRA's target
                   layers against the model, built on the meta device)
 - resume.py       the checkpoint to resume from, checked whole before Ray starts
-- placement.py    every trainer rank and rollout actor seated on a node and GPU of the cluster
-                  (or this machine); seats_on_ray.py: the nodes from Ray, the placement group
+- layouts.py      every trainer rank and rollout actor seated on a node and GPU of the cluster
+                  (or this machine), the seats' types in placement.py; seats_on_ray.py: the
+                  nodes from Ray, the placement group
 - training.py     one trainer process's part: rank 0's rollout pool, the TRL trainer, training,
                   the final model and the summary
 - trainer_ranks.py  the trainer as Ray actors, one per rank, in one torch process group; the

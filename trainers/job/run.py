@@ -21,7 +21,8 @@ from pathlib import Path
 from rollout.process_env import set_process_env_defaults
 from trainers.job.checkpoints import checkpoints, read_rollout_state, wandb_run_id
 from trainers.job.config import JobConfig
-from trainers.job.placement import Placement, PlacementError, plan_placement, this_machine
+from trainers.job.layouts import plan_placement, this_machine
+from trainers.job.placement import Placement, PlacementError
 from trainers.job.preflight import JobInputError, check_inputs
 from trainers.job.resume import resolve_resume
 from trainers.job.seats_on_ray import (
