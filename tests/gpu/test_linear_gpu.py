@@ -203,15 +203,10 @@ def test_w8a8_linear_matches_its_twin(rows: int, n: int, k: int, scales: str, mo
     assert launches == [True, True] if served else not launches
 
 
-@pytest.mark.parametrize("rows", [24, 100])
-@pytest.mark.parametrize("scales", ["row", "group"])
-def test_w8a8_split_k_repeats_in_a_graph(rows: int, scales: str) -> None:
-    """The FP8-activation launches split K too (here a down-shaped output, over one row block
-    and over two): a replayed graph gives the eager launch's bits every time."""
-    from rollout.kernels.torch_fp8 import FP8_DTYPE, quantize_groups, quantize_rows, round_to_fp8_
-    from rollout.kernels.triton_w8a8_linear import w8a8_linear
-
-    quantize = quantize_groups if scales == "group" else quantize_rows
+def _down_shaped(rows: int):
+    """(generator, x [rows, 12288] bf16, a down-shaped weight rounded to FP8, its e4m3 form and
+    row scales)."""
+    from rollout.kernels.torch_fp8 import FP8_DTYPE, round_to_fp8_
 
     g = torch.Generator(device="cuda").manual_seed(rows)
     x = torch.randn(rows, 12288, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -219,6 +214,19 @@ def test_w8a8_split_k_repeats_in_a_graph(rows: int, scales: str) -> None:
     q = torch.empty(4096, 12288, device="cuda", dtype=FP8_DTYPE)
     scale = torch.empty(4096, device="cuda")
     round_to_fp8_(weight, q, scale)
+    return g, x, weight, q, scale
+
+
+@pytest.mark.parametrize("rows", [24, 100])
+@pytest.mark.parametrize("scales", ["row", "group"])
+def test_w8a8_split_k_repeats_in_a_graph(rows: int, scales: str) -> None:
+    """The FP8-activation launches split K too (here a down-shaped output, over one row block
+    and over two): a replayed graph gives the eager launch's bits every time."""
+    from rollout.kernels.torch_fp8 import quantize_groups, quantize_rows
+    from rollout.kernels.triton_w8a8_linear import w8a8_linear
+
+    quantize = quantize_groups if scales == "group" else quantize_rows
+    _, x, weight, q, scale = _down_shaped(rows)
     x8, x_scale = quantize(x)
     eager = w8a8_linear(x8, x_scale, weight, None, q, scale)
     stream = torch.cuda.Stream()
@@ -238,15 +246,10 @@ def test_a_residual_added_in_the_kernel_gives_the_adds_bits(rows: int, scales) -
     """Down's GEMM under FP8 weights (`scales` None) and FP8 activations adds the layer's
     residual in its last step: the same bits as the GEMM and then torch's add, K split or not,
     on the FP8-weight kernel (up to 16 rows), the FP8 MMA (17-128) and F.linear (129)."""
-    from rollout.kernels.torch_fp8 import FP8_DTYPE, quantize_groups, quantize_rows, round_to_fp8_
+    from rollout.kernels.torch_fp8 import quantize_groups, quantize_rows
     from rollout.kernels.triton_w8a8_linear import w8a8_linear
 
-    g = torch.Generator(device="cuda").manual_seed(rows)
-    x = torch.randn(rows, 12288, device="cuda", dtype=torch.bfloat16, generator=g)
-    weight = (torch.randn(4096, 12288, device="cuda", generator=g) * 0.02).bfloat16()
-    q = torch.empty(4096, 12288, device="cuda", dtype=FP8_DTYPE)
-    scale = torch.empty(4096, device="cuda")
-    round_to_fp8_(weight, q, scale)
+    g, x, weight, q, scale = _down_shaped(rows)
     residual = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16, generator=g) * 4
     if scales is None:
         plain = triton_linear.decode_linear(x, weight, None, q, scale)
