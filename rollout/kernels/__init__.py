@@ -16,7 +16,8 @@ torch_rounded_rows.py       their PyTorch twins
 triton_routing.py           top_k_routing: an MoE router's softmax and top-k in one launch
 triton_moe.py               fused_experts: MoE experts, each touched expert read once per step
 torch_moe.py                the PyTorch reference twins of both (test oracles)
-tiling.py                   launch settings the host code shares (no torch)
+tiling.py                   launch settings the host code shares (no torch), the decode tiles
+arrival_counters.py         the zeroed counters by which a kernel's last program finishes
 """
 
 from __future__ import annotations

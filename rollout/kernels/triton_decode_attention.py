@@ -22,12 +22,12 @@ compile-time switches: a layer without them runs the same code as before.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
+from rollout.kernels.arrival_counters import ARRIVALS
+from rollout.kernels.tiling import KEYS_WIDE_MAX_ROWS, DecodeTiles
 from rollout.kernels.triton_attention_tiles import (
     add_sinks,
     dot_precision,
@@ -44,60 +44,7 @@ from rollout.kernels.triton_attention_tiles import (
 )
 from rollout.kernels.triton_fp8_widen import fast_widen
 
-
-@dataclass(frozen=True)
-class DecodeTiles:
-    """Launch shape of the decode kernel. Pieces of up to 512 tokens in 128-token KV tiles won
-    `bench_attention.py --sweep` at large batches; aiming at 256 programs won
-    `bench_attention.py --regimes` from one sequence to 128 (more programs cut long contexts
-    into more pieces than the merge can afford); once the batch alone fills the target, pieces
-    of up to 1,024 tokens won there from 32 sequences up (and lost where a piece is wanted
-    anyway: 4-16 long sequences). See docs/performance.md, 'Decode attention alone' (and 'FP8 KV:
-    the merge's registers' for `merge_pairs`)."""
-
-    split_len: int = 512  # the longest piece while a launch wants several a sequence
-    block_n: int = 128  # tokens per inner iteration, also the shortest piece
-    num_warps: int = 4
-    num_stages: int = 3
-    target_programs: int = 256  # programs a launch aims at; 0: every piece is split_len long
-    full_batch_split_len: int = 1024  # the longest piece once a launch has one piece a sequence
-    fp8_full_batch_split_len: int = 2048  # the same over an FP8 cache (half the bytes a token)
-    # (row, piece) pairs one merge load holds ([rows, pieces, head_dim] fp32). The merge shares
-    # the kernel's registers with the tile loop: 64 took an FP8 launch to a register count that
-    # fits one program fewer per SM.
-    merge_pairs: int = 32
-    # An FP8 cache's tiles with the keys on the MMA's wide side (`fold_tile_keys_wide`) where a
-    # launch has at most KEYS_WIDE_MAX_ROWS query rows a KV head; 0 puts the query rows there,
-    # padded to 16, as a bf16 cache's tiles and launches with more rows do.
-    fp8_keys_wide: bool = True
-
-    def __post_init__(self) -> None:
-        if self.merge_pairs < 1 or self.merge_pairs & (self.merge_pairs - 1):
-            raise ValueError(
-                f"DecodeTiles.merge_pairs must be a power of two; got {self.merge_pairs}"
-            )
-
-    def splits_per_sequence(self, num_seqs: int, num_kv_heads: int) -> int:
-        """How many pieces each (sequence, KV head) aims at for a batch of `num_seqs`."""
-        if not self.target_programs:
-            return 1
-        return max(1, triton.cdiv(self.target_programs, max(num_seqs, 1) * num_kv_heads))
-
-    def longest_piece(self, splits_wanted: int, fp8_kv: bool = False) -> int:
-        """The longest piece one program reads, given the pieces each sequence aims at."""
-        full_batch = self.fp8_full_batch_split_len if fp8_kv else self.full_batch_split_len
-        if self.target_programs and splits_wanted == 1 and full_batch:
-            return full_batch
-        return self.split_len
-
-
 DECODE_TILES = DecodeTiles()
-
-# The most query rows (a KV head's group x the step's query tokens) the keys-wide tiles take:
-# 4 sit in the MMA's narrow side (8) as Ampere-style MMAs. From 8 rows Triton picks Hopper's
-# wgmma for those products instead, whose shared-memory copy of V laid out by token does not
-# compile (1-byte async copies); and from 8 the rows-wide tiles waste half their 16 rows or less.
-KEYS_WIDE_MAX_ROWS = 4
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -286,35 +233,6 @@ def _decode_kernel(
         )
 
 
-class _ArrivalCounters:
-    """Zeroed int32 counters, one per (sequence, KV head), that the decode kernel leaves zeroed.
-
-    One buffer per CUDA stream: launches on one stream are ordered, so they may share counters,
-    while two engines stepping on their own streams must not. Buffers live as long as the process:
-    a captured CUDA graph holds the address it was captured with, so an outgrown buffer must
-    never be freed and its memory reused.
-    """
-
-    def __init__(self) -> None:
-        self._buffers: dict[tuple, list[torch.Tensor]] = {}
-
-    def get(self, device: torch.device, count: int) -> torch.Tensor:
-        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-        buffers = self._buffers.setdefault((device, stream), [])
-        if not buffers or buffers[-1].numel() < count:
-            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError(
-                    "decode attention needs new arrival counters during CUDA-graph capture; "
-                    "run the step once eagerly on the capture stream first (the graph runner's "
-                    "warm-up does)"
-                )
-            buffers.append(torch.zeros(max(count, 4096), dtype=torch.int32, device=device))
-        return buffers[-1]
-
-
-_ARRIVALS = _ArrivalCounters()
-
-
 def decode_attention(
     query,
     k_cache,
@@ -358,7 +276,12 @@ def decode_attention(
     part_lse = torch.empty(
         num_tokens, num_heads, num_splits, dtype=torch.float32, device=query.device
     )
-    arrivals = _ARRIVALS.get(query.device, num_seqs * num_kv_heads)
+    arrivals = ARRIVALS.get(query.device, num_seqs * num_kv_heads)
+    if arrivals is None:
+        raise RuntimeError(
+            "decode attention needs new arrival counters during CUDA-graph capture; run the step "
+            "once eagerly on the capture stream first (the graph runner's warm-up does)"
+        )
     out = torch.empty_like(query)
     rows = group * query_len
     merge_rows = max(2, triton.next_power_of_2(rows))

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from rollout.kernels.arrival_counters import ARRIVALS
 from rollout.kernels.torch_fp8 import ACTIVATION_GROUP, FP8_DTYPE
 from rollout.kernels.triton_fp8_widen import fast_widen, widen_e4m3
 
@@ -272,7 +273,7 @@ def launch(
     block_m = block_m or row_block(rows)
     column_blocks, row_blocks = triton.cdiv(n, block_n), triton.cdiv(rows, block_m)
     if split_k > 1 and k % (split_k * block_k) == 0:
-        counters = _split_counters(x.device, column_blocks * row_blocks)
+        counters = ARRIVALS.get(x.device, column_blocks * row_blocks)  # None: no split
         split_k = split_k if counters is not None else 1
     else:
         split_k, counters = 1, None
@@ -294,26 +295,10 @@ def launch(
     )  # fmt: skip
 
 
-# One arrival counter per (row, column) block and device, zero between launches (the last program of
-# each block re-arms its own). Launches that split K run one at a time on a device: the engine's
-# forward passes are queued on one stream.
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-MIN_COUNTERS = 1 << 16
-
-
 def prepare_split_k(device: torch.device) -> None:
-    """Make the device's counters now, outside any CUDA graph capture (where none can be made)."""
-    _split_counters(torch.device(device), 1)
-
-
-def _split_counters(device: torch.device, column_blocks: int) -> torch.Tensor | None:
-    counters = _COUNTERS.get(device)
-    if counters is None or counters.numel() < column_blocks:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None  # memory made during a capture belongs to that graph: no split this time
-        counters = torch.zeros(max(MIN_COUNTERS, column_blocks), dtype=torch.int32, device=device)
-        _COUNTERS[device] = counters
-    return counters
+    """Make the counters of the current stream now, outside any CUDA graph capture (where none can
+    be made)."""
+    ARRIVALS.get(device, 1)
 
 
 @decode_linear.register_fake
