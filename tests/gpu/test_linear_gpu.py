@@ -133,6 +133,8 @@ def test_split_k_matches_and_repeats_in_a_graph(split_k: int, fp8: bool) -> None
     assert _rel_error(first, want) < 1e-2
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()  # the warm-up that makes this stream's split-K counters, as the engine's does
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         for _ in range(3):
@@ -231,6 +233,8 @@ def test_w8a8_split_k_repeats_in_a_graph(rows: int, scales: str) -> None:
     eager = w8a8_linear(x8, x_scale, weight, None, q, scale)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        w8a8_linear(x8, x_scale, weight, None, q, scale)  # makes this stream's counters
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         out = w8a8_linear(x8, x_scale, weight, None, q, scale)
