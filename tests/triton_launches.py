@@ -8,8 +8,7 @@ makes (the kernel, its arguments' types, its compile-time constants and launch o
 ahead of time, on CPU, through Triton's own front end and layout passes; and each launch that
 reads FP8 once more with bf16 activations (`bf16_twins`), whose FP8 reads take
 `triton_fp8_widen`'s inline PTX, the interpreter cannot run, and each launch that rounds to FP8
-with the GPU's e4m3 conversion (`HW_E4M3`): those down to a cubin, through the PTX assembler
-Triton ships. With `--sass` each of those prints its registers and its two
+with bf16 activations: those down to a cubin, through the PTX assembler Triton ships. With `--sass` each of those prints its registers and its two
 largest loops' instructions by opcode, counted in the compiled code (`sass_summary`): what one
 tile or K step costs, measured without a GPU (the counts hold for the Triton version installed;
 the GPU machine's own is what its runs execute).
@@ -152,17 +151,18 @@ _ACTIVATIONS = {
     "_silu_mul_rounded_kernel": ("gu_ptr", "y_ptr"),
     "_round_rows_kernel": ("x_ptr", "y_ptr"),
 }
+_ROUNDINGS = ("_rms_norm_rounded_kernel", "_silu_mul_rounded_kernel", "_round_rows_kernel")
 
 
 def bf16_twins(launches: list[dict]) -> list[dict]:
     """Each distinct launch that read FP8 (weights or KV), with bf16 activations and the fast
-    widening on, and each that rounded to FP8, with bf16 activations and the GPU's own e4m3
-    conversion: as a bf16 model on the GPU launches them."""
+    widening on, and each that rounded to FP8, with bf16 activations: as a bf16 model on the GPU
+    launches them."""
     twins = {}
     for launch in launches:
         args = launch["args"]
         reads_fp8 = args.get("FP8", {}).get("value") or args.get("FP8_KV", {}).get("value")
-        rounds_to_fp8 = "HW_E4M3" in args
+        rounds_to_fp8 = launch["kernel"] in _ROUNDINGS
         if not (reads_fp8 and "FAST_WIDEN" in args) and not rounds_to_fp8:
             continue
         twin = json.loads(json.dumps(launch))
@@ -170,7 +170,6 @@ def bf16_twins(launches: list[dict]) -> list[dict]:
             if twin["args"][name].get("pointer") == "fp32":  # FP8 activations stay FP8
                 twin["args"][name] = {**twin["args"][name], "pointer": "bf16"}
         if rounds_to_fp8:
-            twin["args"]["HW_E4M3"] = {"value": True}
             twins.setdefault(json.dumps(twin, sort_keys=True), twin)
             continue
         twin["args"]["FAST_WIDEN"] = {"value": True}

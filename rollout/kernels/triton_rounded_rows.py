@@ -9,9 +9,10 @@ program a row, with one per 128 inputs the norm splits into two or three kernels
 registers: the producer's arithmetic with transformers' roundings (`torch_rounded_rows`, the
 twins), the amax of each row or 128-input group, and the rounded row written twice: in the
 activations' dtype (exact: what the FP8-weight GEMM and F.linear read) and as e4m3 bytes with
-their scales (what the FP8 MMA GEMM reads). With one program a row these kernels are bound by
-their instructions at a decode step's few rows, so on the GPU the e4m3 rounding is the
-hardware's conversion (`HW_E4M3`), not the bit arithmetic the interpreter runs.
+their scales (what the FP8 MMA GEMM reads). The e4m3 rounding is `e4m3_bits`' integer and
+float arithmetic on the GPU too: Triton's own conversion (`.to(tl.float8e4nv)`), half the
+instructions, gave wrong values at these kernels' widths on the GPU (docs/performance.md, 'W8A8:
+the GPU's e4m3 conversion').
 
 Run as the custom ops `rollout::rms_norm_rounded`, `rollout::add_rms_norm_rounded` and
 `rollout::silu_mul_rounded`, and the rounding alone as `rollout::round_rows` (for o's input, the
@@ -41,7 +42,6 @@ def _rms_norm_rounded_kernel(
     x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, q_ptr, s_ptr, n, eps,
     stride_x, stride_r, stride_h, stride_y, stride_q, stride_s,
     HAS_RESIDUAL: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr,
-    HW_E4M3: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -57,13 +57,13 @@ def _rms_norm_rounded_kernel(
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     y = (w * normed).to(x.dtype).to(tl.float32)
     _round_and_store(y, y_ptr + row * stride_y, q_ptr + row * stride_q, s_ptr + row * stride_s,
-                     offs, mask, n, GROUP, BLOCK, HW_E4M3)  # fmt: skip
+                     offs, mask, n, GROUP, BLOCK)  # fmt: skip
 
 
 @triton.jit
 def _silu_mul_rounded_kernel(
     gu_ptr, y_ptr, q_ptr, s_ptr, n, stride_gu, stride_y, stride_q, stride_s,
-    GROUP: tl.constexpr, BLOCK: tl.constexpr, HW_E4M3: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -74,38 +74,33 @@ def _silu_mul_rounded_kernel(
     silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)  # in the dtype, as torch's
     y = (silu * up.to(tl.float32)).to(gate.dtype).to(tl.float32)
     _round_and_store(y, y_ptr + row * stride_y, q_ptr + row * stride_q, s_ptr + row * stride_s,
-                     offs, mask, n, GROUP, BLOCK, HW_E4M3)  # fmt: skip
+                     offs, mask, n, GROUP, BLOCK)  # fmt: skip
 
 
 @triton.jit
 def _round_rows_kernel(
     x_ptr, y_ptr, q_ptr, s_ptr, n, stride_x, stride_y, stride_q, stride_s,
-    GROUP: tl.constexpr, BLOCK: tl.constexpr, HW_E4M3: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     _round_and_store(x, y_ptr + row * stride_y, q_ptr + row * stride_q, s_ptr + row * stride_s,
-                     offs, mask, n, GROUP, BLOCK, HW_E4M3)  # fmt: skip
+                     offs, mask, n, GROUP, BLOCK)  # fmt: skip
 
 
 @triton.jit
 def _round_and_store(y, y_row, q_row, s_row, offs, mask, n, GROUP: tl.constexpr,
-                     BLOCK: tl.constexpr, HW_E4M3: tl.constexpr):  # fmt: skip
+                     BLOCK: tl.constexpr):  # fmt: skip
     """The row `y` (fp32, zeros past n), or each GROUP of it, to e4m3 with its power-of-two
     scale (torch_fp8's rule): the rounded values in y_row's dtype, the e4m3 bytes, the scales."""
     groups: tl.constexpr = BLOCK // GROUP
     tiles = tl.reshape(y, [groups, GROUP])
     scale, inverse = pow2_scale(tl.max(tl.abs(tiles), 1))
     scaled = tl.minimum(tl.maximum(tiles * inverse[:, None], -448.0), 448.0)  # exact: 2^k
-    if HW_E4M3:  # the GPU's conversion (cvt.rn.satfinite: round to nearest even, as e4m3_bits)
-        narrow = scaled.to(tl.float8e4nv)
-        code = tl.reshape(narrow.to(tl.uint8, bitcast=True), [BLOCK])
-        value = narrow.to(tl.float32)
-    else:
-        code = tl.reshape(e4m3_bits(scaled), [BLOCK])
-        value = tl.reshape(code.to(tl.float8e4nv, bitcast=True).to(tl.float32), [groups, GROUP])
+    code = tl.reshape(e4m3_bits(scaled), [BLOCK])
+    value = tl.reshape(code.to(tl.float8e4nv, bitcast=True).to(tl.float32), [groups, GROUP])
     rounded = tl.reshape(value * scale[:, None], [BLOCK])
     tl.store(y_row + offs, rounded.to(y_row.dtype.element_ty), mask=mask)
     tl.store(q_row + offs, code, mask=mask)
@@ -121,17 +116,6 @@ def _kernel_serves(x: torch.Tensor, width: int, weight: torch.Tensor | None = No
         and (weight is None or weight.dtype == x.dtype)
         and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
         and width <= MAX_ROW
-    )
-
-
-def _hw_e4m3(x: torch.Tensor) -> bool:
-    """Whether a launch over x converts to e4m3 with the GPU's instruction (half the kernel's
-    instructions: these kernels are bound by them, one program a row) rather than `e4m3_bits`,
-    which Triton's interpreter runs; the same bytes either way (a GPU test checks every tie)."""
-    return (
-        x.is_cuda
-        and torch.version.hip is None
-        and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
     )
 
 
@@ -164,8 +148,7 @@ def launch_norm(
         q.view(torch.uint8), scale, n, eps,
         x.stride(0), residual.stride(0) if residual is not None else 0,
         h.stride(0) if h is not None else 0, y.stride(0), q.stride(0), scale.stride(0),
-        HAS_RESIDUAL=residual is not None, GROUP=group, BLOCK=block, HW_E4M3=_hw_e4m3(x),
-        num_warps=warps,
+        HAS_RESIDUAL=residual is not None, GROUP=group, BLOCK=block, num_warps=warps,
     )  # fmt: skip
     return h, y, q, scale if grouped else scale.view(rows)
 
@@ -179,22 +162,18 @@ def launch_silu_mul(
     _silu_mul_rounded_kernel[(rows,)](
         gate_up, y, q.view(torch.uint8), scale, n,
         gate_up.stride(0), y.stride(0), q.stride(0), scale.stride(0),
-        GROUP=group, BLOCK=block, HW_E4M3=_hw_e4m3(gate_up), num_warps=warps,
+        GROUP=group, BLOCK=block, num_warps=warps,
     )  # fmt: skip
     return y, q, scale if grouped else scale.view(rows)
 
 
-def launch_round(
-    x: torch.Tensor, grouped: bool, hw_e4m3: bool | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The rounding alone over x [rows, n]: (y, q, scale); `hw_e4m3` overrides `_hw_e4m3`
-    (a test compares the two conversions)."""
+def launch_round(x: torch.Tensor, grouped: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rounding alone over x [rows, n]: (y, q, scale)."""
     rows, n = x.shape
     y, q, scale, group, block, warps = _outputs(rows, n, grouped, x)
-    hw = _hw_e4m3(x) if hw_e4m3 is None else hw_e4m3
     _round_rows_kernel[(rows,)](
         x, y, q.view(torch.uint8), scale, n, x.stride(0), y.stride(0), q.stride(0),
-        scale.stride(0), GROUP=group, BLOCK=block, HW_E4M3=hw, num_warps=warps,
+        scale.stride(0), GROUP=group, BLOCK=block, num_warps=warps,
     )  # fmt: skip
     return y, q, scale if grouped else scale.view(rows)
 
