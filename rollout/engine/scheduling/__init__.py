@@ -13,6 +13,7 @@ step N+1 while the device runs step N.
     ngram_drafts.py    draft tokens from n-grams of a request's own samples
     prefix_registry.py which blocks a sequence offers to the prefix cache, and when
     step_plan.py       StepPlan: what one step runs (chunks, sampler rows, block copies)
+    plan_writer.py     a decision into the plan: the chunk, its table's growth, placeholders, forks
     step_inputs.py     StepPlan -> the flat arrays one forward needs
     sample_keys.py     the per-token key the sampler's seeded noise is hashed from
     request_checks.py  what makes a request an "error" result

@@ -23,16 +23,18 @@ import numpy as np
 
 from rollout.engine.scheduling.block_manager import BlockManager
 from rollout.engine.scheduling.lifecycle import SequenceLifecycle
+from rollout.engine.scheduling.plan_writer import PlanWriter
 from rollout.engine.scheduling.prefix_registry import PrefixRegistry
 from rollout.engine.scheduling.queues import SequenceQueues
 from rollout.engine.scheduling.sequence import PLACEHOLDER, Sequence, Status
 from rollout.engine.scheduling.speculation import Speculation
-from rollout.engine.scheduling.step_plan import SampleRow, ScheduledChunk, StepPlan
+from rollout.engine.scheduling.step_plan import StepPlan
 
 
 class Scheduler:
     """The queues and the decisions: which sequence is admitted, runs, is preempted or ends, and
-    when. How a sequence forks, is preempted or finishes is lifecycle.py's; speculation
+    when. How a sequence forks, is preempted or finishes is lifecycle.py's, how a decision is
+    written into the step's plan plan_writer.py's; speculation
     (speculation.py) and the prefix registry (prefix_registry.py) are objects it holds: they get
     what they need as arguments and never end or preempt a sequence themselves."""
 
@@ -78,6 +80,7 @@ class Scheduler:
         self._lifecycle = SequenceLifecycle(
             block_manager, self._queues, self._prefix, max_model_len
         )
+        self._writer = PlanWriter(block_manager, self._queues, self._prefix, self._lifecycle)
 
     @property
     def waiting(self) -> list[Sequence]:
@@ -151,6 +154,7 @@ class Scheduler:
         writes_in_place = self.block_manager.writes_in_place
         running = Status.RUNNING
         speculate = self.wants_speculation()
+        add_decode_token = self._writer.add_decode_token  # bound once: the hot path
         drafted = False  # whether a sequence was looked up for drafts
         for seq in list(self.running):  # a snapshot: preemption edits the list
             if budget == 0 or len(chunks) == self.max_num_seqs:
@@ -174,7 +178,7 @@ class Scheduler:
             num_new = min(num_tokens - start, budget)
             if num_new == 1 and writes_in_place(seq.block_table, start):
                 if start >= len(seq.prompt_token_ids):
-                    self._add_decode_token(plan, seq, start)  # the common case, kept short
+                    add_decode_token(plan, seq, start)  # the common case, kept short
                     budget -= 1
                     in_step.add(seq.seq_id)
                     continue
@@ -183,7 +187,7 @@ class Scheduler:
                 needed = self._make_room(seq, num_new, in_step, plan)
                 if needed < 0:
                     continue
-            budget -= self._add_chunk(plan, seq, num_new, needed)
+            budget -= self._writer.add_chunk(plan, seq, num_new, needed)
             in_step.add(seq.seq_id)
         if drafted and not plan.speculative:
             self.speculation.tried(plan.step_id, gained=False)  # no draft found
@@ -202,7 +206,7 @@ class Scheduler:
         if needed < 0:
             return 0
         if needed:
-            self._grow(plan, seq, end)
+            self._writer.grow(plan, seq, end)
         in_step.add(seq.seq_id)
         return self.speculation.add_verification(plan, seq, draft)
 
@@ -242,7 +246,7 @@ class Scheduler:
         if seq.first_scheduled_time is None:
             seq.first_scheduled_time = time.monotonic()
         self._queues.run(seq)
-        return self._add_chunk(plan, seq, num_new, needed)
+        return self._writer.add_chunk(plan, seq, num_new, needed)
 
     def process_results(
         self, plan: StepPlan, token_ids: np.ndarray, logprobs: np.ndarray
@@ -291,67 +295,6 @@ class Scheduler:
         return None
 
     # ---- helpers ----------------------------------------------------------------------------
-
-    def _add_chunk(self, plan: StepPlan, seq: Sequence, num_new: int, blocks_needed: int) -> int:
-        start = seq.num_computed_tokens
-        end = start + num_new
-        assert num_new > 0 and end <= len(seq.token_ids)
-        if blocks_needed:  # else the blocks are there and unshared: nothing to allocate or copy
-            self._grow(plan, seq, end)
-        carry_row = -1
-        if seq.token_ids[end - 1] == PLACEHOLDER:
-            assert seq.pending_step == plan.step_id - 1, "placeholder from an older step"
-            carry_row = seq.pending_row
-        assert PLACEHOLDER not in seq.token_ids[start : end - 1], "placeholder inside a chunk"
-        reaches_end = end == len(seq.token_ids)
-        if reaches_end and (num_new > 1 or start < seq.num_prompt_tokens) and self._prefix.enabled:
-            # A prefill's last chunk (not a decode token: a sequence's generated blocks are
-            # offered when it ends or is preempted, so a decode step registers nothing).
-            plan.completed_prefills.append((seq, end))
-        num_samples = (1 + seq.num_forks_pending) if reaches_end else 0
-        chunk_index = len(plan.chunks)
-        plan.chunks.append(
-            ScheduledChunk(seq, start, seq.token_ids[start:end], carry_row, num_samples)
-        )
-        plan.num_tokens += num_new
-        seq.num_computed_tokens = end
-        if reaches_end:
-            self._append_placeholder(plan, seq, chunk_index)
-            for j in range(1, seq.num_forks_pending + 1):
-                child = self._lifecycle.fork(seq, sample_index=seq.sample_index + j)
-                self._append_placeholder(plan, child, chunk_index)
-            seq.num_forks_pending = 0
-        return num_new
-
-    def _add_decode_token(self, plan: StepPlan, seq: Sequence, start: int) -> None:
-        """`_add_chunk` for one generated token written into seq's own block: nothing to grow,
-        no prefill to register, no fork (a group forks when its prompt ends)."""
-        token_ids = seq.token_ids
-        token = token_ids[start]
-        assert start + 1 == len(token_ids) and seq.num_forks_pending == 0
-        carry_row = -1
-        if token == PLACEHOLDER:
-            assert seq.pending_step == plan.step_id - 1, "placeholder from an older step"
-            carry_row = seq.pending_row
-        rows = plan.rows
-        plan.chunks.append(ScheduledChunk(seq, start, [token], carry_row, 1))
-        plan.num_tokens += 1
-        seq.num_computed_tokens = start + 1
-        seq.pending_step, seq.pending_row = plan.step_id, len(rows)
-        token_ids.append(PLACEHOLDER)
-        rows.append(SampleRow(seq, start + 1, len(plan.chunks) - 1))
-
-    def _grow(self, plan: StepPlan, seq: Sequence, end: int) -> None:
-        """Give seq's block table what its tokens up to `end` need (new blocks, copies of shared
-        ones the step writes into) and mirror it in its table row."""
-        start = seq.num_computed_tokens
-        plan.block_copies += self.block_manager.append(seq.block_table, start, end)
-        self._queues.write_table(seq)
-
-    def _append_placeholder(self, plan: StepPlan, seq: Sequence, chunk_index: int) -> None:
-        seq.pending_step, seq.pending_row = plan.step_id, len(plan.rows)
-        seq.token_ids.append(PLACEHOLDER)
-        plan.rows.append(SampleRow(seq, len(seq.token_ids) - 1, chunk_index))
 
     def _make_room(self, seq: Sequence, num_new: int, in_step: set[int], plan: StepPlan) -> int:
         """Preempt newer sequences until `seq` can take its blocks. Returns how many blocks it
