@@ -14,6 +14,7 @@ from rollout.kernels import (  # noqa: F401 - register rollout::round_rows and :
     triton_w8a8_linear,
 )
 from rollout.kernels.tiling import W8A8_MAX_ROWS, W8A8_MIN_ROWS
+from rollout.kernels.triton_linear import plus_residual
 
 
 def fp8_linear(
@@ -45,8 +46,7 @@ def fp8_linear(
         # rows in its dtype, exactly
     if x.is_cuda:
         return torch.ops.rollout.decode_linear(x, weight, bias, q, scale, triton_bf16, residual)
-    out = F.linear(x, weight, bias)
-    return out if residual is None else residual + out
+    return plus_residual(F.linear(x, weight, bias), residual)
 
 
 def fp8_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -35,6 +35,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from rollout.engine.model.fp8_linear import fp8_linear
 from rollout.engine.model.loader import decoder_layers
 from rollout.kernels import triton_rounded_rows  # noqa: F401 - registers the rounding act's op
+from rollout.kernels.triton_linear import plus_residual
 
 # transformers classes whose forward is: q/k/v projections -> [q_norm/k_norm] -> rotary ->
 # attention interface -> o_proj (the Qwen3 family adds the per-head norms); with the sliding
@@ -122,8 +123,7 @@ def _project(linear: nn.Linear, x: torch.Tensor, rounded_input=None, residual=No
         return torch.ops.rollout.decode_linear(
             x, linear.weight, linear.bias, None, None, True, residual
         )
-    out = linear(x)
-    return out if residual is None else residual + out
+    return plus_residual(linear(x), residual)
 
 
 def _fused_linear(x, weight, bias, fp8, rounded_input=None) -> torch.Tensor:
@@ -216,8 +216,7 @@ def _fused_attention_forward(
 def _fused_mlp_forward(self, x, rounded_input=None, residual=None):
     """The MLP; with `residual`, residual + the MLP (the layer's add, in down's GEMM)."""
     if torch.is_grad_enabled():
-        out = self._unfused_forward(x)
-        return out if residual is None else residual + out
+        return plus_residual(self._unfused_forward(x), residual)
     gate_up = _fused_linear(
         x, self.gate_up_weight, self.gate_up_bias, self._fp8_gate_up, rounded_input
     )
