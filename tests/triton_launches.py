@@ -169,7 +169,8 @@ def bf16_twins(launches: list[dict]) -> list[dict]:
         for name in _ACTIVATIONS[launch["kernel"]]:
             if twin["args"][name].get("pointer") == "fp32":  # FP8 activations stay FP8
                 twin["args"][name] = {**twin["args"][name], "pointer": "bf16"}
-        if rounds_to_fp8:
+        if rounds_to_fp8:  # rounded by the GPU's conversion instruction, as on the GPU
+            twin["args"]["HW_E4M3"] = {"value": True}
             twins.setdefault(json.dumps(twin, sort_keys=True), twin)
             continue
         twin["args"]["FAST_WIDEN"] = {"value": True}

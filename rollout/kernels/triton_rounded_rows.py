@@ -9,10 +9,12 @@ program a row, with one per 128 inputs the norm splits into two or three kernels
 registers: the producer's arithmetic with transformers' roundings (`torch_rounded_rows`, the
 twins), the amax of each row or 128-input group, and the rounded row written twice: in the
 activations' dtype (exact: what the FP8-weight GEMM and F.linear read) and as e4m3 bytes with
-their scales (what the FP8 MMA GEMM reads). The e4m3 rounding is `e4m3_bits`' integer and
-float arithmetic on the GPU too: Triton's own conversion (`.to(tl.float8e4nv)`), half the
-instructions, gave wrong values at these kernels' widths on the GPU (docs/performance.md, 'W8A8:
-the GPU's e4m3 conversion').
+their scales (what the FP8 MMA GEMM reads). On GPUs that have it (compute capability 8.9 and
+up) the rounding to e4m3 is the conversion instruction itself, one per two values, written out
+in PTX (`_E4M3_FROM_F32`): Triton's own cast (`.to(tl.float8e4nv)`) stored the right bytes but
+gave wrong values when its result was used again in registers at these kernels' widths
+(docs/performance.md, 'W8A8: the GPU's e4m3 conversion'). Elsewhere, and wherever `HW_E4M3` is
+off, it is `e4m3_bits`' integer and float arithmetic, which stores the same bytes.
 
 Run as the custom ops `rollout::rms_norm_rounded`, `rollout::add_rms_norm_rounded` and
 `rollout::silu_mul_rounded`, and the rounding alone as `rollout::round_rows` (for o's input, the
@@ -36,12 +38,28 @@ from rollout.kernels.triton_attention_tiles import e4m3_bits, pow2_scale
 MAX_ROW = 32768
 """The widest row one program holds (wider rows take the twin)."""
 
+HW_E4M3 = True
+"""Round with the GPU's conversion instruction where it has one; tests set False to compare."""
+
+# Four fp32 values to four e4m3 bytes in one register, rounded to nearest even; the values are
+# already inside +-448, so `satfinite` never acts. cvt puts its first source in the high byte.
+_E4M3_FROM_F32 = tl.constexpr(
+    """
+    {
+    .reg .b16 lo, hi;
+    cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;
+    cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;
+    mov.b32 $0, {lo, hi};
+    }
+    """
+)
+
 
 @triton.jit
 def _rms_norm_rounded_kernel(
     x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, q_ptr, s_ptr, n, eps,
     stride_x, stride_r, stride_h, stride_y, stride_q, stride_s,
-    HAS_RESIDUAL: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr, HW_E4M3: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -57,13 +75,13 @@ def _rms_norm_rounded_kernel(
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     y = (w * normed).to(x.dtype).to(tl.float32)
     _round_and_store(y, y_ptr + row * stride_y, q_ptr + row * stride_q, s_ptr + row * stride_s,
-                     offs, mask, n, GROUP, BLOCK)  # fmt: skip
+                     offs, mask, n, GROUP, BLOCK, HW_E4M3)  # fmt: skip
 
 
 @triton.jit
 def _silu_mul_rounded_kernel(
     gu_ptr, y_ptr, q_ptr, s_ptr, n, stride_gu, stride_y, stride_q, stride_s,
-    GROUP: tl.constexpr, BLOCK: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK: tl.constexpr, HW_E4M3: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -74,32 +92,38 @@ def _silu_mul_rounded_kernel(
     silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)  # in the dtype, as torch's
     y = (silu * up.to(tl.float32)).to(gate.dtype).to(tl.float32)
     _round_and_store(y, y_ptr + row * stride_y, q_ptr + row * stride_q, s_ptr + row * stride_s,
-                     offs, mask, n, GROUP, BLOCK)  # fmt: skip
+                     offs, mask, n, GROUP, BLOCK, HW_E4M3)  # fmt: skip
 
 
 @triton.jit
 def _round_rows_kernel(
     x_ptr, y_ptr, q_ptr, s_ptr, n, stride_x, stride_y, stride_q, stride_s,
-    GROUP: tl.constexpr, BLOCK: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK: tl.constexpr, HW_E4M3: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     _round_and_store(x, y_ptr + row * stride_y, q_ptr + row * stride_q, s_ptr + row * stride_s,
-                     offs, mask, n, GROUP, BLOCK)  # fmt: skip
+                     offs, mask, n, GROUP, BLOCK, HW_E4M3)  # fmt: skip
 
 
 @triton.jit
 def _round_and_store(y, y_row, q_row, s_row, offs, mask, n, GROUP: tl.constexpr,
-                     BLOCK: tl.constexpr):  # fmt: skip
+                     BLOCK: tl.constexpr, HW_E4M3: tl.constexpr):  # fmt: skip
     """The row `y` (fp32, zeros past n), or each GROUP of it, to e4m3 with its power-of-two
     scale (torch_fp8's rule): the rounded values in y_row's dtype, the e4m3 bytes, the scales."""
     groups: tl.constexpr = BLOCK // GROUP
     tiles = tl.reshape(y, [groups, GROUP])
     scale, inverse = pow2_scale(tl.max(tl.abs(tiles), 1))
     scaled = tl.minimum(tl.maximum(tiles * inverse[:, None], -448.0), 448.0)  # exact: 2^k
-    code = tl.reshape(e4m3_bits(scaled), [BLOCK])
+    if HW_E4M3:
+        code = tl.inline_asm_elementwise(
+            _E4M3_FROM_F32, "=r,r,r,r,r", [scaled], dtype=tl.uint8, is_pure=True, pack=4
+        )
+    else:
+        code = e4m3_bits(scaled)
+    code = tl.reshape(code, [BLOCK])
     value = tl.reshape(code.to(tl.float8e4nv, bitcast=True).to(tl.float32), [groups, GROUP])
     rounded = tl.reshape(value * scale[:, None], [BLOCK])
     tl.store(y_row + offs, rounded.to(y_row.dtype.element_ty), mask=mask)
@@ -116,6 +140,17 @@ def _kernel_serves(x: torch.Tensor, width: int, weight: torch.Tensor | None = No
         and (weight is None or weight.dtype == x.dtype)
         and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
         and width <= MAX_ROW
+    )
+
+
+def hw_e4m3(x: torch.Tensor) -> bool:
+    """Whether a launch over x rounds with the conversion instruction (`HW_E4M3`)."""
+    return (
+        HW_E4M3
+        and x.is_cuda
+        and torch.version.hip is None
+        and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+        and torch.cuda.get_device_capability(x.device) >= (8, 9)
     )
 
 
@@ -136,10 +171,11 @@ def launch_norm(
     eps: float,
     grouped: bool,
     residual: torch.Tensor | None = None,
+    hw: bool | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The norm's kernel over x [rows, n] (and residual [rows, n]): (h or None, y, q, scale),
     scale [rows, ceil(n / 128)] with `grouped`, else [rows]. Tests launch it under Triton's
-    interpreter."""
+    interpreter; `hw` overrides `hw_e4m3(x)`."""
     rows, n = x.shape
     y, q, scale, group, block, warps = _outputs(rows, n, grouped, x)
     h = torch.empty_like(x) if residual is not None else None
@@ -148,13 +184,14 @@ def launch_norm(
         q.view(torch.uint8), scale, n, eps,
         x.stride(0), residual.stride(0) if residual is not None else 0,
         h.stride(0) if h is not None else 0, y.stride(0), q.stride(0), scale.stride(0),
-        HAS_RESIDUAL=residual is not None, GROUP=group, BLOCK=block, num_warps=warps,
+        HAS_RESIDUAL=residual is not None, GROUP=group, BLOCK=block,
+        HW_E4M3=hw_e4m3(x) if hw is None else hw, num_warps=warps,
     )  # fmt: skip
     return h, y, q, scale if grouped else scale.view(rows)
 
 
 def launch_silu_mul(
-    gate_up: torch.Tensor, grouped: bool
+    gate_up: torch.Tensor, grouped: bool, hw: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The activation's kernel over gate_up [rows, 2n] = [gate | up]: (y, q, scale)."""
     rows, n = gate_up.shape[0], gate_up.shape[1] // 2
@@ -162,18 +199,21 @@ def launch_silu_mul(
     _silu_mul_rounded_kernel[(rows,)](
         gate_up, y, q.view(torch.uint8), scale, n,
         gate_up.stride(0), y.stride(0), q.stride(0), scale.stride(0),
-        GROUP=group, BLOCK=block, num_warps=warps,
+        GROUP=group, BLOCK=block, HW_E4M3=hw_e4m3(gate_up) if hw is None else hw, num_warps=warps,
     )  # fmt: skip
     return y, q, scale if grouped else scale.view(rows)
 
 
-def launch_round(x: torch.Tensor, grouped: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def launch_round(
+    x: torch.Tensor, grouped: bool, hw: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The rounding alone over x [rows, n]: (y, q, scale)."""
     rows, n = x.shape
     y, q, scale, group, block, warps = _outputs(rows, n, grouped, x)
     _round_rows_kernel[(rows,)](
         x, y, q.view(torch.uint8), scale, n, x.stride(0), y.stride(0), q.stride(0),
-        scale.stride(0), GROUP=group, BLOCK=block, num_warps=warps,
+        scale.stride(0), GROUP=group, BLOCK=block, HW_E4M3=hw_e4m3(x) if hw is None else hw,
+        num_warps=warps,
     )  # fmt: skip
     return y, q, scale if grouped else scale.view(rows)
 

@@ -558,6 +558,60 @@ def test_rounded_silu_mul_matches_its_twin_in_bf16(rows: int, n: int, grouped: b
     assert ((y.float() - want.float()).abs() <= step).all()
 
 
+def _e4m3_edges(n: int, dtype: torch.dtype) -> torch.Tensor:
+    """A row of n whose amax is 448 (its scale is 1): every finite e4m3 value, each midpoint
+    between neighbours (a tie, to even) and the values just either side of it, subnormals and
+    zeros of both signs, then random values of the same range; exact in fp32, rounded to the
+    nearest bf16 otherwise."""
+    values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    values = values[values.isfinite()].unique()
+    mid = (values[1:] + values[:-1]) / 2
+    edges = torch.cat([values, mid, mid.nextafter(values[1:]), mid.nextafter(values[:-1])])
+    edges = torch.cat([edges, torch.tensor([-0.0, 448.0])])[:n]
+    rest = (torch.rand(n - edges.numel()) * 2 - 1) * 448
+    return torch.cat([edges, rest]).to(dtype).cuda()
+
+
+@pytest.mark.parametrize("op", ["norm", "norm_residual", "silu_mul", "round"])
+@pytest.mark.parametrize("n", [1000, 4096, 12288])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_the_gpus_e4m3_conversion_rounds_as_the_bit_arithmetic(op, n, dtype, grouped) -> None:
+    """The rounding kernels with the conversion instruction (`HW_E4M3`) against the same kernels
+    rounding by `e4m3_bits`: the same bytes, rounded values and scales, at the engine's widths
+    (4, 8 and 32 warps), rows of e4m3's edges among them. The bit arithmetic is its twin's
+    (test_round_rows_is_its_twin_exactly)."""
+    from rollout.kernels import triton_rounded_rows as kernels
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("no e4m3 conversion instruction before compute capability 8.9")
+    g = torch.Generator(device="cuda").manual_seed(n)
+    width = 2 * n if op == "silu_mul" else n
+    x = (torch.randn(5, width, device="cuda", generator=g) * 3).to(dtype)
+    x[1, : n // 8] *= 1000  # outliers in a row's first groups
+    x[2, :n] = _e4m3_edges(n, dtype)
+    x[3, :n] *= 2.0**-100  # scales far from 1
+    x[4] = 0  # an all-zero row: scale 1
+    weight = (1 + torch.randn(n, device="cuda", generator=g) / 4).to(dtype)
+    residual = torch.randn(5, n, device="cuda", generator=g).to(dtype)
+
+    def launch(hw: bool):
+        if op == "round":
+            return kernels.launch_round(x, grouped, hw=hw)
+        if op == "silu_mul":
+            return kernels.launch_silu_mul(x, grouped, hw=hw)
+        r = residual if op == "norm_residual" else None
+        return kernels.launch_norm(x, weight, 1e-6, grouped, r, hw=hw)[1:]
+
+    y, q, scale = launch(True)
+    want_y, want_q, want_scale = launch(False)
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(scale, want_scale)
+    assert torch.equal(y.view(torch.uint8), want_y.view(torch.uint8))
+    if op == "round" and not grouped:
+        assert torch.equal(q[2, :n].float(), x[2, :n].float().to(torch.float8_e4m3fn).float())
+
+
 def _count_w8a8_launches(monkeypatch) -> dict[str, int]:
     """Counts the decode GEMMs launched over FP8 weights alone and over FP8 activations too."""
     from rollout.kernels import triton_linear
