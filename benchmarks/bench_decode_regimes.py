@@ -266,6 +266,12 @@ def main(argv: list[str] | None = None) -> None:
         help="GPU: change a field of the decode attention's launch shape (DecodeTiles), e.g. "
         "target_programs=0 for fixed 512-token pieces",
     )
+    parser.add_argument(
+        "--e4m3-bits",
+        action="store_true",
+        help="GPU, FP8 activations: round with the bit arithmetic, not the GPU's conversion "
+        "instruction (triton_rounded_rows.HW_E4M3), to time the two",
+    )
     parser.add_argument("--json-out", default="")
     args = parser.parse_args(argv)
 
@@ -285,6 +291,10 @@ def main(argv: list[str] | None = None) -> None:
     device = "cuda" if not args.smoke else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device; try --smoke on CPU")
+    if args.e4m3_bits:
+        from rollout.kernels import triton_rounded_rows
+
+        triton_rounded_rows.HW_E4M3 = False
     torch.manual_seed(0)
     dtype = "bfloat16" if device == "cuda" else "float32"
     model = build_model(SHAPES[args.shape], dtype, device)

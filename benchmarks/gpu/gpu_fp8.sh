@@ -45,6 +45,8 @@
 #   regimes-w8a8  decode steps by kernel (the top 24 kernels of each point) at a tail's and a
 #            crowded step's batches (REGIME_POINTS), FP8 weights, KV and LM head: activations
 #            unrounded, rounded with a scale a row, with a scale per 128 inputs
+#   regimes-e4m3  the same steps with activations rounded a scale a row, by the GPU's e4m3
+#            conversion instruction and by the bit arithmetic (--e4m3-bits)
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out), the rollout runs' plots to $PLOT_DIR (default
 # $OUT_DIR: point it elsewhere where only a few files can be brought back); ROLLOUT_COMMIT=<sha>
@@ -212,6 +214,16 @@ for part in "$@"; do
           --engine weight_quantization=fp8 --engine kv_cache_dtype=fp8 --engine fp8_lm_head=true \
           --engine activation_quantization=$activations \
           --json-out "$OUT_DIR/decode_regimes_w8a8_$activations.json"
+      done ;;
+    regimes-e4m3)
+      for rounding in conversion bits; do
+        flag=()
+        [ "$rounding" = bits ] && flag=(--e4m3-bits)
+        LINES_SHOWN=8 run "decode_regimes_w8a8_e4m3_$rounding" 150 benchmarks/bench_decode_regimes.py \
+          --steps 20 --points ${REGIME_POINTS:-1x2048,8x3000,32x3000,96x1500} \
+          --engine weight_quantization=fp8 --engine kv_cache_dtype=fp8 --engine fp8_lm_head=true \
+          --engine activation_quantization=fp8 "${flag[@]}" \
+          --json-out "$OUT_DIR/decode_regimes_w8a8_e4m3_$rounding.json"
       done ;;
     *) echo "unknown part $part" ;;
   esac
