@@ -13,7 +13,8 @@ their scales (what the FP8 MMA GEMM reads). On GPUs that have it (compute capabi
 up) the rounding to e4m3 is the conversion instruction itself, one per two values, written out
 in PTX (`_E4M3_FROM_F32`): Triton's own cast (`.to(tl.float8e4nv)`) stored the right bytes but
 gave wrong values when its result was used again in registers at these kernels' widths
-(docs/performance.md, 'W8A8: the GPU's e4m3 conversion'). Elsewhere, and wherever `HW_E4M3` is
+(docs/performance.md, 'W8A8: the GPU's e4m3 conversion, timed and withdrawn'; the instruction's
+own run: 'W8A8: the e4m3 conversion instruction in PTX'). Elsewhere, and wherever `HW_E4M3` is
 off, it is `e4m3_bits`' integer and float arithmetic, which stores the same bytes.
 
 Run as the custom ops `rollout::rms_norm_rounded`, `rollout::add_rms_norm_rounded` and
