@@ -40,7 +40,8 @@ MAX_ROW = 32768
 """The widest row one program holds (wider rows take the twin)."""
 
 HW_E4M3 = True
-"""Round with the GPU's conversion instruction where it has one; tests set False to compare."""
+"""Round with the GPU's conversion instruction where it has one; benchmarks set False to time
+the bit arithmetic (`bench_decode_regimes.py --e4m3-bits`), tests pass `hw` to the launches."""
 
 # Four fp32 values to four e4m3 bytes in one register, rounded to nearest even; the values are
 # already inside +-448, so `satfinite` never acts. cvt puts its first source in the high byte.
