@@ -8,6 +8,7 @@ the bf16 weight and over its FP8 form (e4m3, a scale per output row).
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 8 --l2-prefetch 10  # FP8 weights in L2
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 64 --scaled-mm  # the library's FP8 GEMM
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 64 --w8a8  # FP8 activations too (w8a8_linear)
+    python benchmarks/bench_gemm.py --shapes qwen3-8b --m 8 --profile-fp8 qkv  # launches, for ncu
 
 The FP8 kernel is timed twice: widening e4m3 through `triton_fp8_widen`'s integer path (the
 engine's) and through Triton's own cast (`..._cast`), whose outputs must agree bit for bit.
@@ -109,6 +110,26 @@ def _rounded_weights(n: int, k: int, copies: int) -> tuple[list, list]:
         round_to_fp8_(w, q, scale)
         fp8.append((q, scale))
     return weights, fp8
+
+
+def profile_fp8(name: str, n: int, k: int, m: int, launches: int = 8) -> None:
+    """The engine's FP8 kernel for one projection, `launches` times, each over another copy of
+    the weight (cold in L2), and nothing else: for a profiler that picks launches by kernel name
+    (`gpu_fp8.sh profile-gemm`: ncu with --launch-skip, so the first launches compile and warm)."""
+    import torch
+
+    from rollout.kernels import triton_linear
+
+    copies = max(2, -(-4 * L2_BYTES // (n * k)))
+    _, fp8 = _rounded_weights(n, k, copies)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    tiles = triton_linear._tiles(m, n, 1)
+    for i in range(launches):
+        q, scale = fp8[i % copies]
+        triton_linear.launch(x, q, None, y, *tiles, scale=scale)
+    torch.cuda.synchronize()
+    print(f"  {name}: {launches} launches of the FP8 kernel at M = {m}, tiles {tiles}")
 
 
 def _scaled_mm_call(x, fp8):
@@ -383,6 +404,12 @@ def main() -> None:
         help="time the engine's W8A8 GEMM too (activation_quantization='fp8': FP8 activations "
         "with a scale per row, on the tensor cores' FP8 MMA from 17 rows) and its tile choices",
     )
+    parser.add_argument(
+        "--profile-fp8",
+        default="",
+        metavar="NAME",
+        help="only launch the engine's FP8 kernel for projection NAME (e.g. qkv), for a profiler",
+    )
     parser.add_argument("--shapes", choices=sorted(SHAPES), default="w1")
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
@@ -392,6 +419,12 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_gemm.py needs a CUDA device")
     torch.manual_seed(0)
+    if args.profile_fp8:
+        shapes = {name: (n, k) for name, n, k in SHAPES[args.shapes]}
+        if args.profile_fp8 not in shapes:
+            sys.exit(f"--profile-fp8 {args.profile_fp8!r}: one of {', '.join(shapes)}")
+        profile_fp8(args.profile_fp8, *shapes[args.profile_fp8], args.m)
+        return
     rows = []
     print(
         f"decode GEMMs of {args.shapes} at M = {args.m}, bf16 activations; effective bandwidth ="

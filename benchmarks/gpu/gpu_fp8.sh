@@ -45,6 +45,8 @@
 #   regimes-w8a8  decode steps by kernel (the top 24 kernels of each point) at a tail's and a
 #            crowded step's batches (REGIME_POINTS), FP8 weights, KV and LM head: activations
 #            unrounded, rounded with a scale a row, with a scale per 128 inputs
+#   profile-gemm  one launch of the FP8 decode GEMM under Nsight Compute for each of
+#            PROFILE_PROJECTIONS (qkv down) at PROFILE_ROWS (1 8): stalls, SASS mix, details CSV
 #   regimes-e4m3  the same steps with activations rounded a scale a row, by the GPU's e4m3
 #            conversion instruction and by the bit arithmetic (--e4m3-bits)
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
@@ -161,6 +163,24 @@ for part in "$@"; do
       done
       python3 benchmarks/sass_mix.py "$OUT_DIR"/decode_*_sass.csv \
         --json-out "$OUT_DIR/decode_sass_mix.json" ;;
+    profile-gemm)
+      # The FP8 decode GEMM at a few rows, one launch profiled (the 6th: the first compile and
+      # warm) for each projection and row count: where its warps stall, its SASS mix.
+      for m in ${PROFILE_ROWS:-1 8}; do
+        for proj in ${PROFILE_PROJECTIONS:-qkv down}; do
+          tag="fp8_gemm_${proj}_m$m"
+          timeout 120 ncu --set full -k regex:'^_decode_linear_kernel$' --launch-skip 5 -c 1 \
+            -o "$OUT_DIR/$tag" python3 benchmarks/bench_gemm.py --shapes qwen3-8b --m "$m" \
+            --profile-fp8 "$proj" > "$OUT_DIR/profile_$tag.log" 2>&1
+          echo "profile $tag: rc=$?"
+          ncu -i "$OUT_DIR/$tag.ncu-rep" --page source --print-source sass --csv \
+            > "$OUT_DIR/${tag}_sass.csv"
+          ncu -i "$OUT_DIR/$tag.ncu-rep" --page details --csv > "$OUT_DIR/${tag}_details.csv"
+          rm -f "$OUT_DIR/$tag.ncu-rep"
+        done
+      done
+      python3 benchmarks/sass_mix.py "$OUT_DIR"/fp8_gemm_*_sass.csv \
+        --json-out "$OUT_DIR/fp8_gemm_sass_mix.json" ;;
     tail) both grpo_tail 120 --workload grpo --prompts 2 --group-size 4 --length-max 4096 ;;
     moe) run moe_experts 90 benchmarks/bench_moe.py --tokens ${MOE_TOKENS:-1,8,32,128} \
       --json-out "$OUT_DIR/moe_experts.json" ;;
