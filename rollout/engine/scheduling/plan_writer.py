@@ -9,25 +9,17 @@ how many tokens, is the scheduler's (scheduler.py); this module only records it.
 
 from __future__ import annotations
 
-from rollout.engine.scheduling.block_manager import BlockManager
 from rollout.engine.scheduling.lifecycle import SequenceLifecycle
-from rollout.engine.scheduling.prefix_registry import PrefixRegistry
-from rollout.engine.scheduling.queues import SequenceQueues
 from rollout.engine.scheduling.sequence import PLACEHOLDER, Sequence
 from rollout.engine.scheduling.step_plan import SampleRow, ScheduledChunk, StepPlan
 
 
 class PlanWriter:
-    def __init__(
-        self,
-        block_manager: BlockManager,
-        queues: SequenceQueues,
-        prefix: PrefixRegistry,
-        lifecycle: SequenceLifecycle,
-    ) -> None:
-        self.block_manager = block_manager
-        self._queues = queues
-        self._prefix = prefix
+    def __init__(self, lifecycle: SequenceLifecycle) -> None:
+        # the lifecycle's own block manager, queues and prefix registry: one set per scheduler
+        self.block_manager = lifecycle.block_manager
+        self._queues = lifecycle.queues
+        self._prefix = lifecycle.prefix
         self._lifecycle = lifecycle
 
     def add_chunk(self, plan: StepPlan, seq: Sequence, num_new: int, blocks_needed: int) -> int:

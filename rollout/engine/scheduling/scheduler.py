@@ -80,7 +80,7 @@ class Scheduler:
         self._lifecycle = SequenceLifecycle(
             block_manager, self._queues, self._prefix, max_model_len
         )
-        self._writer = PlanWriter(block_manager, self._queues, self._prefix, self._lifecycle)
+        self._writer = PlanWriter(self._lifecycle)
 
     @property
     def waiting(self) -> list[Sequence]:
