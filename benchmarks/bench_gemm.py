@@ -240,23 +240,15 @@ W8A8_SWEEP = [
     for split in (1, 2, 4, 8)
     for stages in (3, 5)
 ]
-# ... and below W8A8_MIN_ROWS, in one 16-row block (fp16 MMAs over operands converted from e4m3)
-W8A8_FEW_ROWS_SWEEP = [
-    (bn, bk, stages, split, 4, 16)
-    for bn in (32, 64, 128)
-    for bk in (128, 256)
-    for split in (1, 2, 4, 8)
-    for stages in (3, 5)
-]
 
 
 def _measure_w8a8(x, fp8, want, copies: int) -> dict:
     """The engine's W8A8 GEMM (`triton_w8a8_linear.w8a8_linear`: x rounded to e4m3 with a scale
     per row, then with one per row and 128 of K) at its tiles, its error against the fp32 GEMM of
-    its rounded operands and against bf16 (the activations' rounding as well), and, from
-    W8A8_MIN_ROWS, the best of W8A8_SWEEP (row blocks up to the rows' power of two, and of 64
-    at fewer rows: Triton takes Hopper's FP8 wgmma only from 64-row blocks, and compiles
-    smaller ones to fp16 MMAs over operands converted from e4m3)."""
+    its rounded operands and against bf16 (the activations' rounding as well), and the best of
+    W8A8_SWEEP (row blocks up to the rows' power of two, and of 64 at fewer rows: Triton takes
+    Hopper's FP8 wgmma only from 64-row blocks, and compiles smaller ones to fp16 MMAs over
+    operands converted from e4m3)."""
     import torch
     import triton
 
@@ -271,8 +263,6 @@ def _measure_w8a8(x, fp8, want, copies: int) -> dict:
     m, n = x.shape[0], fp8[0][0].shape[0]
     x8, x_scale = quantize_rows(x)
     weight = dequantize_rows(*fp8[0], torch.bfloat16)
-    if m < triton_w8a8_linear.W8A8_MIN_ROWS:
-        return _measure_w8a8_few_rows(x8, x_scale, weight, fp8, want, copies)
     got = triton_w8a8_linear.w8a8_linear(x8, x_scale, weight, None, *fp8[0]).float()
     twin = dequantize_rows(x8, x_scale, torch.float32) @ weight.float().T
     row = {
@@ -312,49 +302,6 @@ def _measure_w8a8(x, fp8, want, copies: int) -> dict:
                 ),
                 copies,
             )
-        except Exception:  # noqa: BLE001 - e.g. out of shared memory: not a candidate
-            continue
-    best = min(timed, key=timed.get)
-    row["w8a8_sweep_best"] = {"tiles": list(best), "ms": timed[best]}
-    row["w8a8_sweep_all"] = [[*t, round(ms * 1e3, 2)] for t, ms in sorted(timed.items())]
-    return row
-
-
-def _measure_w8a8_few_rows(x8, x_scale, weight, fp8, want, copies: int) -> dict:
-    """Below W8A8_MIN_ROWS the engine multiplies the rounded rows by the FP8-weight kernel (the
-    "FP8" column); this times the FP8-MMA kernel there instead, at `_fp8_mma_tiles`' choice and
-    at the best of W8A8_FEW_ROWS_SWEEP, with its error against the fp32 GEMM of its rounded
-    operands."""
-    import torch
-
-    from rollout.kernels import triton_linear, triton_w8a8_linear
-    from rollout.kernels.torch_fp8 import dequantize_rows
-
-    m, k = x8.shape
-    n = fp8[0][0].shape[0]
-    y = torch.empty(m, n, device=x8.device, dtype=torch.bfloat16)
-
-    def mma(i, tiles):
-        triton_linear.launch(
-            x8, fp8[i][0], None, y, *tiles[:-1], scale=fp8[i][1], x_scale=x_scale,
-            block_m=tiles[-1],
-        )  # fmt: skip
-        return y
-
-    tiles, block_m = triton_w8a8_linear._fp8_mma_tiles(m, n, k)
-    engine_tiles = (*tiles, block_m)
-    got = mma(0, engine_tiles).float()
-    twin = dequantize_rows(x8, x_scale, torch.float32) @ weight.float().T
-    row = {
-        "w8a8_mma_tiles": list(engine_tiles),
-        "w8a8_mma_ms": time_in_graph(lambda i: mma(i, engine_tiles), copies),
-        "w8a8_error_to_twin": ((got - twin).norm() / twin.norm()).item(),
-        "w8a8_rel_error": ((got - want).norm() / want.norm()).item(),
-    }
-    timed = {}
-    for choice in W8A8_FEW_ROWS_SWEEP:
-        try:
-            timed[choice] = time_in_graph(lambda i, t=choice: mma(i, t), copies)
         except Exception:  # noqa: BLE001 - e.g. out of shared memory: not a candidate
             continue
     best = min(timed, key=timed.get)
@@ -453,8 +400,7 @@ def main() -> None:
         "--w8a8",
         action="store_true",
         help="time the engine's W8A8 GEMM too (activation_quantization='fp8': FP8 activations "
-        "with a scale per row, on the tensor cores' FP8 MMA from 17 rows) and its tile choices; "
-        "below 17 rows the FP8-MMA kernel in 16-row blocks",
+        "with a scale per row, on the FP8-MMA kernel at up to 128 rows) and its tile choices",
     )
     parser.add_argument(
         "--profile-fp8",
@@ -522,12 +468,6 @@ def main() -> None:
                 f" {row['w8a8_groups_ms'] * 1e3:.1f} us (rel err"
                 f" {row['w8a8_groups_rel_error']:.1e}, to its twin"
                 f" {row['w8a8_groups_error_to_twin']:.1e})"
-            )
-        if "w8a8_mma_ms" in row:
-            line += (
-                f" | W8A8 by the FP8-MMA kernel {row['w8a8_mma_ms'] * 1e3:.1f} us at"
-                f" {row['w8a8_mma_tiles']} (rel err {row['w8a8_rel_error']:.1e}, to its twin"
-                f" {row['w8a8_error_to_twin']:.1e})"
             )
         if "w8a8_sweep_best" in row:
             best_w8a8 = row["w8a8_sweep_best"]

@@ -111,13 +111,14 @@ class EngineConfig:
     activation_quantization: str = "none"
     """"fp8", with weight_quantization="fp8": every quantized projection of the decoder layers
     rounds its input too, each row to e4m3 with a power-of-two scale of its own, at every batch
-    size and in prefill, so the decode GEMMs from 17 to 128 rows run on the tensor cores' FP8 MMA
-    (0.72-0.74x of bf16's GEMMs a layer at 32-64 rows, 0.9x at 96-128, where FP8 weights alone
-    gain nothing). In Llama-family layers the norms round q/k/v's and gate/up's inputs in their
-    own kernel, and a SiLU MLP's activation down's (rounded_layers.py). On the Qwen3-8B shape's
-    grpo workload, with FP8 weights, KV cache and LM head: 1.22x of bf16 (1.20x without it),
-    6-10% faster steps at 16-63 running, 2-6% slower ones under 16 (o's rounding is a launch of
-    its own), twice the drift to bf16 of FP8 weights alone (docs/performance.md). Dense models
+    size and in prefill, so the decode GEMMs at up to 128 rows read both operands as stored
+    (`triton_w8a8_linear`: 0.72-0.74x of bf16's GEMMs a layer at 32-64 rows, 0.9x at 96-128,
+    where FP8 weights alone gain nothing; 2-10% faster than FP8 weights alone for the narrow
+    projections at 1-16 rows). In Llama-family layers the norms round q/k/v's and gate/up's
+    inputs in their own kernel, and a SiLU MLP's activation down's (rounded_layers.py). On the
+    Qwen3-8B shape's grpo workload, with FP8 weights, KV cache and LM head: 1.23x of bf16 on one
+    H200 (1.20x without it, in another run), twice the drift to bf16 of FP8 weights alone
+    (docs/performance.md). Dense models
     only (MoE experts are refused); the LM head's input is not rounded. "fp8-group": the same
     with a scale per 128 consecutive inputs of a row (the 1 x 128 tiles of the FP8 training
     recipes), so an outlier coarsens only its own group; 2% slower on that workload (the FP8

@@ -8,11 +8,9 @@ from dataclasses import dataclass
 EXTEND_BLOCK_M = 64
 """Query rows per prefill/extend program: the host splits each sequence's chunk into q-blocks."""
 
-W8A8_MIN_ROWS = 17
 W8A8_MAX_ROWS = 128
-"""The rows at which a GEMM over FP8 activations and weights runs on the FP8 MMA
-(`triton_w8a8_linear.w8a8_linear`); at fewer the FP8-weight kernel over the rounded rows is
-faster, at more (prefill) F.linear over them serves."""
+"""The most rows a GEMM over FP8 activations and weights runs on the FP8-MMA kernel
+(`triton_w8a8_linear.w8a8_linear`); at more (prefill) F.linear over the rounded rows serves."""
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,14 @@
 """A GEMM over FP8 activations and FP8 weights (EngineConfig.activation_quantization="fp8" or
 "fp8-group"): x8 [M, K] in e4m3 with a power-of-two scale per row (or per row and 128 of K), and
-the product on the tensor cores' FP8 MMA, which reads both operands as stored.
+the product on the tensor cores with both operands as stored: Hopper's FP8 MMA (wgmma) for
+64-row blocks, fp16 MMAs over operands converted from e4m3 (one instruction a pair, exact) for
+smaller ones, as Triton compiles them.
 
 It is `triton_linear`'s decode GEMM with its `X_FP8` path; this module picks that launch's tiles
-and serves it as the custom op `rollout::w8a8_linear`. From W8A8_MIN_ROWS to W8A8_MAX_ROWS rows:
-at fewer, the FP8-weight kernel over the dequantized rows is faster (bench_gemm.py --w8a8 on one
-H200, 8 and 16 rows: q/k/v 13.7 against 19.2 us with x widened in the kernel;
-docs/performance.md), and the caller (fp8_linear.fp8_linear) sends them there.
+and serves it as the custom op `rollout::w8a8_linear`, at 1 to W8A8_MAX_ROWS rows. At 1-16 rows
+it is 2-10% faster than the FP8-weight kernel over the dequantized rows for q/k/v, o and down,
+1-5% slower for gate/up (bench_gemm.py --w8a8 on one H200; docs/performance.md, 'W8A8:
+the FP8-MMA kernel at one to sixteen rows').
 """
 
 from __future__ import annotations
@@ -14,17 +16,17 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.nn.functional as F
 import triton
 
 from rollout.kernels import triton_linear
-from rollout.kernels.tiling import W8A8_MAX_ROWS, W8A8_MIN_ROWS
+from rollout.kernels.tiling import W8A8_MAX_ROWS
 from rollout.kernels.torch_fp8 import ACTIVATION_GROUP, dequantize_groups, dequantize_rows
 
 
 def _fp8_mma_tiles(rows: int, n: int, k: int, grouped: bool = False) -> tuple[tuple[int, ...], int]:
     """((BLOCK_N, BLOCK_K, stages, K split, warps), BLOCK_M), from bench_gemm.py --w8a8's sweep
-    of Qwen3-8B's shapes at 32, 64, 96 and 128 rows (one H200): 64-column blocks in row blocks of
+    of Qwen3-8B's shapes at 32, 64, 96 and 128 rows (one H200; at 1-16 rows the sweep's 32- and
+    64-row blocks were within 3% of these 16-row ones): 64-column blocks in row blocks of
     up to 64; K split until the launch has enough programs (more at up to 32 rows, where each
     does less), and in one row block until no slice is longer than 4,096; deep pipelines for the
     narrow outputs' unsplit or halved K. Wide outputs at more than 64 rows: 128 x 128 blocks,
@@ -70,10 +72,11 @@ def w8a8_linear(
     """(residual +) F.linear(x8 * x_scale, weight, bias) in weight's dtype, where x8 [..., K] is e4m3 with a
     power-of-two scale per row (x_scale [...], `torch_fp8.quantize_rows`) or per row and 128 of
     K (x_scale [..., ceil(K / 128)], `torch_fp8.quantize_groups`) and weight == fp8_weight *
-    fp8_scale: by the FP8 MMA at W8A8_MIN_ROWS to W8A8_MAX_ROWS rows of bf16 or fp16, else
-    F.linear over the dequantized activations, which are exact in bf16. Both compute the same
-    products; only the summation order differs (and the MMA's, which adds each 128 of K at its
-    own precision before taking the sum into fp32). `residual` (the output's shape) is added as
+    fp8_scale: by the FP8-MMA kernel at up to W8A8_MAX_ROWS rows of bf16 or fp16, else
+    `triton_linear.decode_linear` over the dequantized activations, which are exact in bf16 (the
+    FP8-weight kernel at a few rows, F.linear at more). All compute the same products; only the
+    summation order differs (and the MMA's, which adds each 128 of K at its own precision before
+    taking the sum into fp32). `residual` (the output's shape) is added as
     `triton_linear.decode_linear` adds it: in the kernel's last step where the kernel runs."""
     k = x8.shape[-1]
     rows = x8.numel() // k if k else 0
@@ -85,14 +88,15 @@ def w8a8_linear(
             f"row, or one a row and {ACTIVATION_GROUP} of K"
         )
     if (
-        not W8A8_MIN_ROWS <= rows <= W8A8_MAX_ROWS
+        not 0 < rows <= W8A8_MAX_ROWS
         or weight.dtype not in (torch.bfloat16, torch.float16)
         or not triton_linear.supported(fp8_weight)
         or not fp8_mma_available(x8.device)
     ):
-        dequantize = dequantize_groups if grouped else dequantize_rows
-        out = F.linear(dequantize(x8, x_scale, weight.dtype), weight, bias)
-        return triton_linear.plus_residual(out, residual)
+        # the rounded rows, exact in weight's dtype, through the FP8-weight kernel where that
+        # pays (a GPU without the FP8 MMA, fp32), else F.linear (prefill)
+        x = (dequantize_groups if grouped else dequantize_rows)(x8, x_scale, weight.dtype)
+        return triton_linear.decode_linear(x, weight, bias, fp8_weight, fp8_scale, False, residual)
     n = weight.shape[0]
     y = torch.empty(rows, n, dtype=weight.dtype, device=x8.device)
     tiles, block_m = _fp8_mma_tiles(rows, n, k, grouped)

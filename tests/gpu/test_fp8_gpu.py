@@ -660,9 +660,9 @@ def test_fp32_greedy_with_group_rounded_inputs_equals_transformers(monkeypatch) 
 def test_bf16_rounded_inputs_through_the_fp8_mma_are_the_rounded_models(
     compile_model: bool, scales: str, monkeypatch
 ) -> None:
-    """Up to 36 rows a step, so the FP8 MMA runs (and the FP8-weight kernel over the rounded rows
-    at up to 16); compiled, the rounding is inductor's, fused into the norms: the logprobs are
-    the oracle's to bf16 precision, graphs equal eager. With a scale per 128 inputs, on a model
+    """Up to 36 rows a step, so the FP8-MMA kernel runs at every decode step (and the FP8-weight
+    kernel for the LM head); compiled, the rounding is inductor's, fused into the norms: the
+    logprobs are the oracle's to bf16 precision, graphs equal eager. With a scale per 128 inputs, on a model
     whose inputs span several groups: its 4096x outliers make its bf16 logprobs noisier than the
     tiny Qwen3's (a median gap to the oracle of about 0.05 against 0.01 through the engine's
     torch path on CPU too), so its bounds are wider; a group read with another's scale is off by

@@ -13,7 +13,7 @@ from rollout.kernels import (  # noqa: F401 - register rollout::round_rows and :
     triton_rounded_rows,
     triton_w8a8_linear,
 )
-from rollout.kernels.tiling import W8A8_MAX_ROWS, W8A8_MIN_ROWS
+from rollout.kernels.tiling import W8A8_MAX_ROWS
 from rollout.kernels.triton_linear import plus_residual
 
 
@@ -40,10 +40,9 @@ def fp8_linear(
             x, *rounded_input = torch.ops.rollout.round_rows(x, input_scales == "group")
         x8, x_scale = rounded_input
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if x.is_cuda and W8A8_MIN_ROWS <= rows <= W8A8_MAX_ROWS:
+        if x.is_cuda and 0 < rows <= W8A8_MAX_ROWS:
             return torch.ops.rollout.w8a8_linear(x8, x_scale, weight, bias, q, scale, residual)
-        # fewer rows (the FP8-weight kernel is faster there) or more (prefill): x, the rounded
-        # rows in its dtype, exactly
+        # more rows (prefill): x, the rounded rows in its dtype, exactly
     if x.is_cuda:
         return torch.ops.rollout.decode_linear(x, weight, bias, q, scale, triton_bf16, residual)
     return plus_residual(F.linear(x, weight, bias), residual)
