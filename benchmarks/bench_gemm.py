@@ -9,6 +9,7 @@ the bf16 weight and over its FP8 form (e4m3, a scale per output row).
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 64 --scaled-mm  # the library's FP8 GEMM
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 64 --w8a8  # FP8 activations too (w8a8_linear)
     python benchmarks/bench_gemm.py --shapes qwen3-8b --m 8 --profile-fp8 qkv  # launches, for ncu
+    python benchmarks/bench_gemm.py --shapes qwen3-8b --m 1 --launch-floor  # what does not scale
 
 The FP8 kernel is timed twice: widening e4m3 through `triton_fp8_widen`'s integer path (the
 engine's) and through Triton's own cast (`..._cast`), whose outputs must agree bit for bit.
@@ -369,6 +370,73 @@ def measure_prefetch(name: str, n: int, k: int, m: int, sleep_us: float) -> dict
     }  # fmt: skip
 
 
+def _store_one_kernel():
+    """A Triton kernel whose programs each store their index and nothing else: the launch alone."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def store_one(out_ptr):
+        pid = tl.program_id(0) + tl.num_programs(0) * (
+            tl.program_id(1) + tl.num_programs(1) * tl.program_id(2)
+        )
+        tl.store(out_ptr + pid, pid)
+
+    return store_one
+
+
+def measure_launch_floor(name: str, n: int, k: int, m: int) -> dict:
+    """What of a few-row GEMM's time does not grow with its weight. For the FP8-weight kernel
+    over bf16 rows and the FP8-MMA kernel over e4m3 rows (W8A8), each at the engine's tiles: the
+    whole launch (weights cold), the same launch over one K tile a program (its launch, first
+    loads, the K split's ordered sum and the stores), and a kernel of the same grid and warps
+    whose programs only store their index (the launch itself); each in a graph of back-to-back
+    launches, as a decode step runs them. "rest_tb_per_s" is the weight beyond that one tile
+    over the time beyond it."""
+    import torch
+    import triton
+
+    from rollout.kernels import triton_linear, triton_w8a8_linear
+    from rollout.kernels.torch_fp8 import quantize_rows
+
+    copies = max(2, -(-4 * L2_BYTES // (n * k)))
+    _, fp8 = _rounded_weights(n, k, copies)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    x8, x_scale = quantize_rows(x)
+    y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    store_one = _store_one_kernel()
+    mma_tiles, mma_block_m = triton_w8a8_linear._fp8_mma_tiles(m, n, k)
+    row = {"name": name, "n": n, "k": k, "m": m}
+    for label, rows_in, tiles, block_m, x_scales in (
+        ("fp8_weights", x, triton_linear._tiles(m, n, 1), triton_linear.row_block(m), None),
+        ("w8a8", x8, mma_tiles, mma_block_m, x_scale),
+    ):
+        block_n, block_k, _, split_k, warps = tiles
+        short_k = block_k * split_k
+
+        def gemm(i, rows, tiles=tiles, block_m=block_m, x_scales=x_scales):
+            # the weight's first rows.shape[1] columns, read through its full row stride
+            triton_linear.launch(
+                rows, fp8[i][0][:, : rows.shape[1]], None, y, *tiles, scale=fp8[i][1],
+                x_scale=x_scales, block_m=block_m,
+            )  # fmt: skip
+
+        grid = (triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))
+        out = torch.empty(grid[0] * grid[1] * grid[2], device="cuda", dtype=torch.int32)
+        short_rows = rows_in[:, :short_k].contiguous()
+        full = time_in_graph(lambda i, r=rows_in: gemm(i, r), copies)
+        one_tile = time_in_graph(lambda i, r=short_rows: gemm(i, r), copies)
+        empty = time_in_graph(
+            lambda i, g=grid, o=out, w=warps: store_one[g](o, num_warps=w), copies
+        )
+        row[label] = {
+            "tiles": [*tiles, block_m], "grid": list(grid), "full_ms": full,
+            "one_k_tile_ms": one_tile, "empty_grid_ms": empty,
+            "rest_tb_per_s": (k - short_k) * n / max(full - one_tile, 1e-9) / 1e9,
+        }  # fmt: skip
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -401,6 +469,12 @@ def main() -> None:
         action="store_true",
         help="time the engine's W8A8 GEMM too (activation_quantization='fp8': FP8 activations "
         "with a scale per row, on the FP8-MMA kernel at up to 128 rows) and its tile choices",
+    )
+    parser.add_argument(
+        "--launch-floor",
+        action="store_true",
+        help="time what of the FP8 and W8A8 GEMMs does not grow with the weight: the launch over "
+        "one K tile a program, and an empty launch of the same grid",
     )
     parser.add_argument(
         "--profile-fp8",
@@ -440,7 +514,22 @@ def main() -> None:
                 f" {row['work_alone_ms'] * 1e3:.1f} us)",
                 flush=True,
             )
-    for name, n, k in [] if args.l2_prefetch else SHAPES[args.shapes]:
+    if args.launch_floor:
+        for name, n, k in SHAPES[args.shapes]:
+            if name == "lm_head":
+                continue  # not rounded by W8A8; its read dwarfs any fixed part
+            row = measure_launch_floor(name, n, k, args.m)
+            rows.append(row)
+            for label in ("fp8_weights", "w8a8"):
+                r = row[label]
+                print(
+                    f"  {name:8s} {label:11s} grid {r['grid']}: whole {r['full_ms'] * 1e3:5.1f} us"
+                    f" | one K tile a program {r['one_k_tile_ms'] * 1e3:5.1f} us | an empty"
+                    f" launch of the grid {r['empty_grid_ms'] * 1e3:4.1f} us | the rest of the"
+                    f" weight at {r['rest_tb_per_s']:.2f} TB/s",
+                    flush=True,
+                )
+    for name, n, k in [] if args.l2_prefetch or args.launch_floor else SHAPES[args.shapes]:
         if args.fp8_sweep and name == "lm_head":
             continue  # the engine keeps the LM head in bf16: no FP8 tiles to choose
         row = measure_shape(

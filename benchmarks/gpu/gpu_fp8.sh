@@ -49,6 +49,8 @@
 #            PROFILE_PROJECTIONS (qkv down) at PROFILE_ROWS (1 8): stalls, SASS mix, details CSV
 #   regimes-e4m3  the same steps with activations rounded a scale a row, by the GPU's e4m3
 #            conversion instruction and by the bit arithmetic (--e4m3-bits)
+#   launch-floor  the FP8-weight and W8A8 decode GEMMs at FLOOR_ROWS (1 8): whole, over one K
+#            tile a program, and an empty launch of the same grid (bench_gemm.py --launch-floor)
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out), the rollout runs' plots to $PLOT_DIR (default
 # $OUT_DIR: point it elsewhere where only a few files can be brought back); ROLLOUT_COMMIT=<sha>
@@ -181,6 +183,12 @@ for part in "$@"; do
       done
       python3 benchmarks/sass_mix.py "$OUT_DIR"/fp8_gemm_*_sass.csv \
         --json-out "$OUT_DIR/fp8_gemm_sass_mix.json" ;;
+    launch-floor)
+      for m in ${FLOOR_ROWS:-1 8}; do
+        LINES_SHOWN=10 run gemm_launch_floor_qwen3-8b_m$m 240 benchmarks/bench_gemm.py \
+          --shapes qwen3-8b --m "$m" --launch-floor \
+          --json-out "$OUT_DIR/gemm_launch_floor_qwen3-8b_m$m.json"
+      done ;;
     tail) both grpo_tail 120 --workload grpo --prompts 2 --group-size 4 --length-max 4096 ;;
     moe) run moe_experts 90 benchmarks/bench_moe.py --tokens ${MOE_TOKENS:-1,8,32,128} \
       --json-out "$OUT_DIR/moe_experts.json" ;;
