@@ -18,7 +18,6 @@ triton_moe.py               fused_experts: MoE experts, each touched expert read
 torch_moe.py                the PyTorch reference twins of both (test oracles)
 tiling.py                   launch settings the host code shares (no torch), the decode tiles
 arrival_counters.py         the zeroed counters by which a kernel's last program finishes
-gpu_features.py             what the device offers: compiled NVIDIA Triton, the e4m3 instructions
 """
 
 from __future__ import annotations
