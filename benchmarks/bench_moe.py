@@ -46,7 +46,13 @@ def measure(tokens: int, args, sweep: bool) -> dict:
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
-    from rollout.kernels import torch_moe, triton_moe, triton_routing
+    from rollout.kernels import (
+        gpu_features,
+        torch_moe,
+        triton_expert_sort,
+        triton_moe,
+        triton_routing,
+    )
     from rollout.kernels.torch_fp8 import quantize_rows
 
     config = Qwen3MoeConfig(
@@ -101,7 +107,7 @@ def measure(tokens: int, args, sweep: bool) -> dict:
                 lambda i: torch_moe.sort_by_expert(index, args.experts), copies=2
             ),
             "counting_sort": time_in_graph(
-                lambda i: triton_moe.sort_pairs_by_expert(index, args.experts), copies=2
+                lambda i: triton_expert_sort.sort_pairs_by_expert(index, args.experts), copies=2
             ),
         }
         # The router's softmax top-k in front of them: its PyTorch code, and our one launch.
@@ -137,13 +143,13 @@ def measure(tokens: int, args, sweep: bool) -> dict:
         "max_abs_diff": error,
         "sort_ms": sort_ms,
         "routing_ms": routing_ms,
-        "counting_sort_used": tokens * args.top_k <= triton_moe.COUNTING_SORT_MAX_PAIRS,
+        "counting_sort_used": tokens * args.top_k <= triton_expert_sort.COUNTING_SORT_MAX_PAIRS,
         "tiles": triton_moe.tiles(
             tokens * args.top_k,
             args.experts,
             torch.bfloat16,
             args.intermediate,
-            triton_moe.sm_count(x.device),
+            gpu_features.sm_count(x.device),
         ),
     }
     if sweep:

@@ -10,7 +10,7 @@ import sys
 import torch
 import triton.runtime.interpreter as interpreter
 
-from rollout.kernels import torch_moe, triton_linear, triton_moe, triton_routing
+from rollout.kernels import torch_moe, triton_expert_sort, triton_linear, triton_moe, triton_routing
 from rollout.kernels import torch_paged_attention as twin
 from rollout.kernels import triton_paged_attention as kernels
 from tests.kernel_cases import make_case, with_fp8_cache, with_nan_leftovers
@@ -385,7 +385,7 @@ def check_counting_sort() -> float:
     for tokens, experts, top_k in cases:
         index = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)])
         for routing in (index, torch.zeros_like(index[:, :1])):
-            got = triton_moe.sort_pairs_by_expert(routing, experts)
+            got = triton_expert_sort.sort_pairs_by_expert(routing, experts)
             want = torch_moe.sort_by_expert(routing, experts)
             mismatches += sum(not torch.equal(a, b) for a, b in zip(got, want, strict=True))
     return float(mismatches)

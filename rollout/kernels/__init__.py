@@ -15,9 +15,11 @@ triton_rounded_rows.py      RMSNorm and silu(gate) * up with their outputs round
 torch_rounded_rows.py       their PyTorch twins
 triton_routing.py           top_k_routing: an MoE router's softmax and top-k in one launch
 triton_moe.py               fused_experts: MoE experts, each touched expert read once per step
+triton_expert_sort.py       the step's (token, expert) pairs in expert order: a counting sort
 torch_moe.py                the PyTorch reference twins of both (test oracles)
 tiling.py                   launch settings the host code shares (no torch), the decode tiles
 arrival_counters.py         the zeroed counters by which a kernel's last program finishes
+gpu_features.py             what the device offers: compiled NVIDIA Triton, the e4m3 instructions
 """
 
 from __future__ import annotations

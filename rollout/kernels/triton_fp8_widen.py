@@ -29,11 +29,11 @@ K tiles of an FP8 cache widen to fp16 under bf16 activations instead
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from rollout.kernels.gpu_features import compiled_on_nvidia
 
 FAST_WIDEN = True
 """Widen with `widen_e4m3`'s integer path where it applies; benchmarks set False to time the cast."""
@@ -102,10 +102,4 @@ def widen_e4m3(x, dtype: tl.constexpr, FAST: tl.constexpr, WHERE_LOADED: tl.cons
 
 def fast_widen(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether a launch for activations of `dtype` on `device` widens through the integer path."""
-    return (
-        FAST_WIDEN
-        and dtype == torch.bfloat16
-        and device.type == "cuda"
-        and torch.version.hip is None
-        and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
-    )
+    return FAST_WIDEN and dtype == torch.bfloat16 and compiled_on_nvidia(device)

@@ -2,12 +2,8 @@
 
 At decode an MoE layer's tokens pick k of E experts each, so a step touches most experts with a
 few tokens apiece, and its time is the read of the touched experts' weights. The step's
-token-expert pairs are first put in expert order (stably, as `torch_moe.sort_by_expert` does):
-up to `COUNTING_SORT_MAX_PAIRS` pairs by a counting sort with one program per expert, each of
-which reads all the pairs, counts its own and the lower experts' (its start), and places its
-own pairs in order (a decode step's pairs are a few KB, so one launch of independent programs
-is cheaper than torch.sort's radix passes over 64-bit keys); larger prefill chunks by
-torch.sort. Then two grouped launches over a grid of (expert, output-column block):
+token-expert pairs are first put in expert order (`triton_expert_sort`: a counting sort in one
+launch at decode). Then two grouped launches over a grid of (expert, output-column block):
 
 1. gate/up: each program streams its expert's gate and up rows for its column block once and
    multiplies every pair of that expert by them (BLOCK_M pairs at a time), then stores
@@ -24,66 +20,14 @@ to torch.compile; `torch_moe.fused_experts_reference` is its twin.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
+from rollout.kernels.gpu_features import sm_count
 from rollout.kernels.torch_fp8 import FP8_DTYPE
-from rollout.kernels.torch_moe import sort_by_expert
+from rollout.kernels.triton_expert_sort import sort_pairs_by_expert
 from rollout.kernels.triton_fp8_widen import fast_widen, widen_e4m3
-
-# Above this many pairs (2,048 tokens at top-8, prefill chunks) torch.sort's radix passes: every
-# counting program reads all the pairs, which grows with the chunk (see docs/performance.md).
-COUNTING_SORT_MAX_PAIRS = 16384
-
-
-@triton.jit
-def _counting_sort_kernel(
-    expert_ptr, order_ptr, counts_ptr, starts_ptr, num_pairs, NUM_EXPERTS, CHUNK: tl.constexpr,
-):  # fmt: skip
-    """One program per expert, all independent: it counts the pairs of its expert and those of
-    lower experts (its first sorted place), then places its own pairs in pair order (stable)."""
-    expert = tl.program_id(0)
-    count = 0
-    start = 0
-    for c0 in range(0, num_pairs, CHUNK):
-        pairs = c0 + tl.arange(0, CHUNK)
-        chosen = tl.load(expert_ptr + pairs, mask=pairs < num_pairs, other=NUM_EXPERTS)
-        count += tl.sum((chosen == expert).to(tl.int32), axis=0)
-        start += tl.sum((chosen < expert).to(tl.int32), axis=0)
-    tl.store(counts_ptr + expert, count)
-    tl.store(starts_ptr + expert, start)
-    if count == 0:
-        return
-    placed = start  # where this expert's next pair goes
-    for c0 in range(0, num_pairs, CHUNK):
-        pairs = c0 + tl.arange(0, CHUNK)
-        chosen = tl.load(expert_ptr + pairs, mask=pairs < num_pairs, other=NUM_EXPERTS)
-        mine = (chosen == expert).to(tl.int32)
-        earlier = tl.cumsum(mine, axis=0) - mine  # this expert's pairs before it in the chunk
-        tl.store(order_ptr + placed + earlier, pairs, mask=mine == 1)
-        placed += tl.sum(mine, axis=0)
-
-
-def sort_pairs_by_expert(
-    top_k_index: torch.Tensor, num_experts: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`torch_moe.sort_by_expert`'s result (the same stable order), on the GPU."""
-    expert_of_pair = top_k_index.reshape(-1)
-    num_pairs = expert_of_pair.numel()
-    if num_pairs > COUNTING_SORT_MAX_PAIRS:
-        return sort_by_expert(top_k_index, num_experts)
-    expert_of_pair = expert_of_pair.contiguous()
-    order = torch.empty(num_pairs, dtype=torch.int32, device=top_k_index.device)
-    counts = torch.empty(num_experts, dtype=torch.int32, device=top_k_index.device)
-    starts = torch.empty_like(counts)
-    chunk = max(16, min(triton.next_power_of_2(num_pairs), 4096))
-    _counting_sort_kernel[(num_experts,)](
-        expert_of_pair, order, counts, starts, num_pairs, num_experts, CHUNK=chunk, num_warps=4,
-    )  # fmt: skip
-    return order, counts, starts
 
 
 @triton.jit
@@ -221,18 +165,6 @@ def tiles(
     block_m = min(64, max(16, triton.next_power_of_2(per_expert)))
     block_k = 32 if dtype == torch.float32 else 64
     return dict(BLOCK_M=block_m, BLOCK_N=DECODE_BLOCK_N, BLOCK_K=block_k, num_warps=4, num_stages=3)
-
-
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def sm_count(device: torch.device) -> int:
-    """The device's SMs; 0 off CUDA (the interpreter), where the tail tiles are not chosen."""
-    if device.type != "cuda":
-        return 0
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @torch.library.custom_op("rollout::fused_experts", mutates_args=())

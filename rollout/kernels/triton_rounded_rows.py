@@ -26,13 +26,12 @@ MAX_ROW, they compute the twins.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from rollout.kernels import torch_rounded_rows
+from rollout.kernels.gpu_features import compiled_on_nvidia, has_e4m3_instructions
 from rollout.kernels.torch_fp8 import ACTIVATION_GROUP, FP8_DTYPE
 from rollout.kernels.triton_attention_tiles import e4m3_bits, pow2_scale
 
@@ -136,9 +135,7 @@ def _round_and_store(y, y_row, q_row, s_row, offs, mask, n, GROUP: tl.constexpr,
 
 def _kernel_serves(x: torch.Tensor, width: int, weight: torch.Tensor | None = None) -> bool:
     return (
-        x.is_cuda
-        and torch.version.hip is None
-        and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+        compiled_on_nvidia(x.device)
         and (weight is None or weight.dtype == x.dtype)
         and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
         and width <= MAX_ROW
@@ -147,13 +144,7 @@ def _kernel_serves(x: torch.Tensor, width: int, weight: torch.Tensor | None = No
 
 def hw_e4m3(x: torch.Tensor) -> bool:
     """Whether a launch over x rounds with the conversion instruction (`HW_E4M3`)."""
-    return (
-        HW_E4M3
-        and x.is_cuda
-        and torch.version.hip is None
-        and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
-        and torch.cuda.get_device_capability(x.device) >= (8, 9)
-    )
+    return HW_E4M3 and has_e4m3_instructions(x.device)
 
 
 def _outputs(rows: int, n: int, grouped: bool, like: torch.Tensor):

@@ -13,12 +13,11 @@ the FP8-MMA kernel at one to sixteen rows').
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 
 from rollout.kernels import triton_linear
+from rollout.kernels.gpu_features import has_e4m3_instructions
 from rollout.kernels.tiling import W8A8_MAX_ROWS
 from rollout.kernels.torch_fp8 import ACTIVATION_GROUP, dequantize_groups, dequantize_rows
 
@@ -47,16 +46,6 @@ def _fp8_mma_tiles(rows: int, n: int, k: int, grouped: bool = False) -> tuple[tu
         split_k *= 2
     stages = 5 if not wide and split_k <= 2 else 3
     return (block_n, block_k, stages, split_k, 4), block_m
-
-
-def fp8_mma_available(device: torch.device) -> bool:
-    """The tensor cores' FP8 MMA: NVIDIA from compute capability 8.9 (Ada, Hopper)."""
-    return (
-        device.type == "cuda"
-        and torch.version.hip is None
-        and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
-        and torch.cuda.get_device_capability(device) >= (8, 9)
-    )
 
 
 @torch.library.custom_op("rollout::w8a8_linear", mutates_args=())
@@ -91,7 +80,7 @@ def w8a8_linear(
         not 0 < rows <= W8A8_MAX_ROWS
         or weight.dtype not in (torch.bfloat16, torch.float16)
         or not triton_linear.supported(fp8_weight)
-        or not fp8_mma_available(x8.device)
+        or not has_e4m3_instructions(x8.device)
     ):
         # the rounded rows, exact in weight's dtype, through the FP8-weight kernel where that
         # pays (a GPU without the FP8 MMA, fp32), else F.linear (prefill)

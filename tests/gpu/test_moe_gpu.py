@@ -43,7 +43,7 @@ def test_counting_sort_equals_the_twins_stable_sort(tokens: int, experts: int) -
     """The pairs' expert order, counts and starts, exactly; 2,048 tokens x 8 is the most pairs
     the counting sort takes, 700 x 8 is more than one chunk and not a multiple of it."""
     from rollout.kernels.torch_moe import sort_by_expert
-    from rollout.kernels.triton_moe import COUNTING_SORT_MAX_PAIRS, sort_pairs_by_expert
+    from rollout.kernels.triton_expert_sort import COUNTING_SORT_MAX_PAIRS, sort_pairs_by_expert
 
     assert tokens * 8 <= COUNTING_SORT_MAX_PAIRS
     g = torch.Generator(device="cuda").manual_seed(tokens)
