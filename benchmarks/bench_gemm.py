@@ -150,11 +150,12 @@ def _scaled_mm_call(x, fp8):
 
 
 def measure_shape(
-    name: str, n: int, k: int, m: int, sweep: str, scaled_mm: bool = False, w8a8: bool = False
-) -> dict:
+    name: str, n: int, k: int, m: int, sweep: str, scaled_mm: bool = False, w8a8: bool = False,
+    w8a8_narrow: bool = False,
+) -> dict:  # fmt: skip
     """One projection's timings; `sweep`: "" (the engine's tiles only), "all" (every tile choice
     of both kernels) or "fp8" (FP8_ROWS_SWEEP); `scaled_mm`: torch._scaled_mm too; `w8a8`: the
-    engine's W8A8 GEMM, and the best of W8A8_SWEEP."""
+    engine's W8A8 GEMM, and the best of W8A8_SWEEP (of W8A8_NARROW_SWEEP with `w8a8_narrow`)."""
     import torch
 
     from rollout.kernels import triton_linear
@@ -206,7 +207,7 @@ def measure_shape(
         row[f"{label}_ms"] = ms
         row[f"{label}_tb_per_s"] = nbytes / ms / 1e9
     if w8a8:
-        row.update(_measure_w8a8(x, fp8, want, copies))
+        row.update(_measure_w8a8(x, fp8, want, copies, w8a8_narrow))
     if sweep:
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         sweeps = [
@@ -241,15 +242,19 @@ W8A8_SWEEP = [
     for split in (1, 2, 4, 8)
     for stages in (3, 5)
 ]
+# --w8a8-narrow: narrower column blocks, longer K tiles, deeper pipelines and 2 warps at the
+# rows' own row block: enough programs without a K split (whose ordered sum is a fixed ~2 us a
+# launch: --launch-floor) for the tail's and the crowded middle's few rows
+W8A8_NARROW_SWEEP = list(itertools.product((16, 32, 64), (128, 256), (4, 6, 8), (1, 2), (2, 4)))
 
 
-def _measure_w8a8(x, fp8, want, copies: int) -> dict:
+def _measure_w8a8(x, fp8, want, copies: int, narrow: bool = False) -> dict:
     """The engine's W8A8 GEMM (`triton_w8a8_linear.w8a8_linear`: x rounded to e4m3 with a scale
     per row, then with one per row and 128 of K) at its tiles, its error against the fp32 GEMM of
     its rounded operands and against bf16 (the activations' rounding as well), and the best of
     W8A8_SWEEP (row blocks up to the rows' power of two, and of 64 at fewer rows: Triton takes
     Hopper's FP8 wgmma only from 64-row blocks, and compiles smaller ones to fp16 MMAs over
-    operands converted from e4m3)."""
+    operands converted from e4m3); with `narrow`, W8A8_NARROW_SWEEP at the engine's row block."""
     import torch
     import triton
 
@@ -286,7 +291,9 @@ def _measure_w8a8(x, fp8, want, copies: int) -> dict:
     }
     y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     timed = {}
-    for tiles in W8A8_SWEEP:
+    block_m = triton_w8a8_linear._fp8_mma_tiles(m, n, x.shape[1])[1]
+    sweep = [(*t, block_m) for t in W8A8_NARROW_SWEEP] if narrow else W8A8_SWEEP
+    for tiles in sweep:
         if tiles[-1] > max(64, triton.next_power_of_2(m)):
             continue
         try:
@@ -307,6 +314,8 @@ def _measure_w8a8(x, fp8, want, copies: int) -> dict:
             continue
     best = min(timed, key=timed.get)
     row["w8a8_sweep_best"] = {"tiles": list(best), "ms": timed[best]}
+    unsplit = min((t for t in timed if t[3] == 1), key=timed.get)
+    row["w8a8_sweep_best_unsplit"] = {"tiles": list(unsplit), "ms": timed[unsplit]}
     row["w8a8_sweep_all"] = [[*t, round(ms * 1e3, 2)] for t, ms in sorted(timed.items())]
     return row
 
@@ -471,6 +480,12 @@ def main() -> None:
         "with a scale per row, on the FP8-MMA kernel at up to 128 rows) and its tile choices",
     )
     parser.add_argument(
+        "--w8a8-narrow",
+        action="store_true",
+        help="with --w8a8: time W8A8_NARROW_SWEEP's tile choices (narrow column blocks, deep "
+        "pipelines, 2 or 4 warps) instead of W8A8_SWEEP's",
+    )
+    parser.add_argument(
         "--launch-floor",
         action="store_true",
         help="time what of the FP8 and W8A8 GEMMs does not grow with the weight: the launch over "
@@ -534,7 +549,7 @@ def main() -> None:
             continue  # the engine keeps the LM head in bf16: no FP8 tiles to choose
         row = measure_shape(
             name, n, k, args.m, "all" if args.sweep else "fp8" if args.fp8_sweep else "",
-            args.scaled_mm, args.w8a8,
+            args.scaled_mm, args.w8a8, args.w8a8_narrow,
         )  # fmt: skip
         rows.append(row)
         line = (
@@ -561,6 +576,8 @@ def main() -> None:
         if "w8a8_sweep_best" in row:
             best_w8a8 = row["w8a8_sweep_best"]
             line += f" | best W8A8 tiles {best_w8a8['tiles']} {best_w8a8['ms'] * 1e3:.1f} us"
+            unsplit = row["w8a8_sweep_best_unsplit"]
+            line += f" (unsplit {unsplit['tiles']} {unsplit['ms'] * 1e3:.1f} us)"
         if "sweep_best" in row:
             best = row["sweep_best"]
             line += f" | best tiles {best['tiles']} {best['ms'] * 1e3:.1f} us"

@@ -32,6 +32,8 @@
 #            ';'-separated), and its instructions by opcode (benchmarks/sass_mix.py)
 #   gemm-w8a8  the W8A8 GEMM (activation_quantization=fp8) beside bf16 and FP8 weights, and its
 #            tile choices from 17 rows (W8A8_ROWS: 8 16 32 64 128)
+#   gemm-w8a8-narrow  the same with narrower column blocks, deeper pipelines and 2 warps among
+#            the tile choices (W8A8_ROWS: 1 8 32)
 #   drift-w8a8 FP8 weights, activations and LM head against the bf16 trainer (Qwen3-8B shape),
 #            then FP8 weights alone in the same call
 #   drift-head FP8 weights and LM head against the bf16 trainer (Qwen3-8B shape)
@@ -202,6 +204,12 @@ for part in "$@"; do
       for m in ${W8A8_ROWS:-8 16 32 64 128}; do
         run "gemm_w8a8_qwen3-8b_m$m" ${GEMM_TIMEOUT:-150} benchmarks/bench_gemm.py --shapes qwen3-8b \
           --m $m --w8a8 --json-out "$OUT_DIR/gemm_w8a8_qwen3-8b_m$m.json"
+      done ;;
+    gemm-w8a8-narrow)
+      for m in ${W8A8_ROWS:-1 8 32}; do
+        run "gemm_w8a8_narrow_qwen3-8b_m$m" ${GEMM_TIMEOUT:-240} benchmarks/bench_gemm.py \
+          --shapes qwen3-8b --m $m --w8a8 --w8a8-narrow \
+          --json-out "$OUT_DIR/gemm_w8a8_narrow_qwen3-8b_m$m.json"
       done ;;
     drift-w8a8)
       for extra in "--activation-quantization fp8 --fp8-lm-head" ""; do
