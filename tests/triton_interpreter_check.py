@@ -476,17 +476,20 @@ def check_w8a8_linear() -> float:
                 dequantize(x8, x_scale, torch.float32), q, scale, bias
             )
             y = torch.empty(rows, n)
+            # 2: K split where K is two whole tiles (512), else not; 16-column blocks over
+            # 256-wide K tiles as the few rows' tiles (a scale a row only: groups are 128 wide)
+            tile_choices = [(32, 128, 2, 1), (32, 128, 2, 2)] + (
+                [] if grouped else [(16, 256, 2, 1)]
+            )
             for block_m in (16, None):  # row blocks of 16, or one for all rows
-                for split_k in (1, 2):  # 2: where K is two whole tiles (512), else not split
+                for tiles in tile_choices:
                     triton_linear.launch(
-                        x8, q, bias, y, 32, 128, 2, split_k,
-                        scale=scale, x_scale=x_scale, block_m=block_m,
-                    )  # fmt: skip
+                        x8, q, bias, y, *tiles, scale=scale, x_scale=x_scale, block_m=block_m
+                    )
                     worst = max(worst, _error(y, want))
                     _check_residual_add(
-                        x8, q, bias, y, (32, 128, 2, split_k),
-                        scale=scale, x_scale=x_scale, block_m=block_m,
-                    )  # fmt: skip
+                        x8, q, bias, y, tiles, scale=scale, x_scale=x_scale, block_m=block_m
+                    )
     return worst
 
 

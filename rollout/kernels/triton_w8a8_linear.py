@@ -23,18 +23,19 @@ from rollout.kernels.torch_fp8 import ACTIVATION_GROUP, dequantize_groups, dequa
 
 
 def _fp8_mma_tiles(rows: int, n: int, k: int, grouped: bool = False) -> tuple[tuple[int, ...], int]:
-    """((BLOCK_N, BLOCK_K, stages, K split, warps), BLOCK_M), from bench_gemm.py --w8a8's sweep
-    of Qwen3-8B's shapes at 32, 64, 96 and 128 rows (one H200; at 1-16 rows the sweep's 32- and
-    64-row blocks were within 3% of these 16-row ones): 64-column blocks in row blocks of
-    up to 64; K split until the launch has enough programs (more at up to 32 rows, where each
-    does less), and in one row block until no slice is longer than 4,096; deep pipelines for the
-    narrow outputs' unsplit or halved K. Wide outputs at more than 64 rows: 128 x 128 blocks,
-    each weight tile read once for all rows; with a scale per row and K tile (`grouped`) in 8
-    warps, as 4 spill there (compiled for sm_90: 255 registers and 55 spilled loads a K step
-    against 177 and none; not timed)."""
+    """((BLOCK_N, BLOCK_K, stages, K split, warps), BLOCK_M), from bench_gemm.py --w8a8's sweeps
+    of Qwen3-8B's shapes (one H200). At up to 32 rows with a scale a row: `_few_rows_tiles`.
+    Otherwise 64-column blocks in row blocks of up to 64; K split until the launch has enough
+    programs (more at up to 32 rows, where each does less), and in one row block until no slice
+    is longer than 4,096; deep pipelines for the narrow outputs' unsplit or halved K. Wide
+    outputs at more than 64 rows: 128 x 128 blocks, each weight tile read once for all rows;
+    with a scale per row and K tile (`grouped`) in 8 warps, as 4 spill there (compiled for
+    sm_90: 255 registers and 55 spilled loads a K step against 177 and none; not timed)."""
     wide = n >= triton_linear.FP8_MIN_COLUMNS
     if wide and rows > 64:
         return (128, 128, 3, 1, 8 if grouped else 4), 128
+    if rows <= 32 and not grouped:
+        return _few_rows_tiles(n, k), triton_linear.row_block(rows)
     block_n, block_k, block_m = 64, 128, min(64, triton_linear.row_block(rows))
     programs = 256 if rows <= 32 else 96
     row_blocks = triton.cdiv(rows, block_m)
@@ -46,6 +47,22 @@ def _fp8_mma_tiles(rows: int, n: int, k: int, grouped: bool = False) -> tuple[tu
         split_k *= 2
     stages = 5 if not wide and split_k <= 2 else 3
     return (block_n, block_k, stages, split_k, 4), block_m
+
+
+def _few_rows_tiles(n: int, k: int) -> tuple[int, ...]:
+    """The tail's and the crowded middle's tiles (1-32 rows, a scale a row), from
+    `bench_gemm.py --w8a8 --w8a8-narrow` at 1, 8 and 32 rows: each the best summed over the three.
+    A K split costs its ordered sum (~2 us a launch, `--launch-floor`), so the narrow outputs
+    get their programs from 16-column blocks in 2 warps instead, each over 256-wide K tiles;
+    only a long K (down's 12,288) is split, in two. Against the tiles before (64 columns, K split
+    in four), us at 1 / 8 / 32 rows: q/k/v 12.0 / 12.2 / 14.7 -> 11.4 / 11.5 / 13.9, o 9.7 /
+    10.2 / 11.2 -> 9.2 / 9.2 / 10.5, gate/up 30.5 / 30.3 / 33.0 -> 29.2 / 28.6 / 30.1, down 21.1
+    / 22.2 / 24.4 -> 19.1 / 20.2 / 23.2."""
+    if n >= triton_linear.FP8_MIN_COLUMNS:
+        return 64, 128, 4, 1, 4
+    if k > 4096:
+        return 32, 256, 4, 2, 4
+    return 16, 256, 4, 1, 2
 
 
 @torch.library.custom_op("rollout::w8a8_linear", mutates_args=())
