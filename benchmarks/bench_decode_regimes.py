@@ -76,9 +76,9 @@ def measure_point(
     import torch
 
     from benchmarks.lib.roofline import (
-        H200_COPY_BANDWIDTH,
         engine_kv_bytes_per_token,
         engine_step_floor,
+        floor_bandwidth,
     )
     from rollout import SamplingParams
 
@@ -120,7 +120,7 @@ def measure_point(
     result["floor_ms"] = 1e3 * float(floor[0]) if cuda else None
     result["of_floor"] = result["floor_ms"] / result["ms_per_step"] if cuda else None
     result["kv_share_of_floor"] = (
-        batch * mean_context * kv_per_token / (float(floor[0]) * H200_COPY_BANDWIDTH)
+        batch * mean_context * kv_per_token / (float(floor[0]) * floor_bandwidth(engine.device)[0])
         if cuda
         else None
     )

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_gemm import time_in_graph, widening_by_cast  # noqa: E402
-from benchmarks.lib.roofline import H200_COPY_BANDWIDTH  # noqa: E402
+from benchmarks.lib.roofline import floor_bandwidth  # noqa: E402
 
 # Tile choices tried by --sweep: (BLOCK_M minimum, BLOCK_N, BLOCK_K, stages, warps). Decode
 # sizes read the weights (narrow tiles, more programs); below TAIL_TOKENS a step touches only a
@@ -76,7 +76,7 @@ def measure(tokens: int, args, sweep: bool) -> dict:
     weights, index = torch.softmax(scores, -1).topk(args.top_k, dim=-1)
     touched = int(torch.unique(index).numel())
     expert_bytes = 3 * args.hidden * args.intermediate * 2
-    floor_ms = 1e3 * touched * expert_bytes / H200_COPY_BANDWIDTH
+    floor_ms = 1e3 * touched * expert_bytes / floor_bandwidth("cuda")[0]
 
     def fused(i):
         return triton_moe.fused_experts(

@@ -58,6 +58,7 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
     from benchmarks.lib.roofline import (
         engine_kv_bytes_per_token,
         engine_step_floor,
+        floor_bandwidth,
         roofline_tokens_per_s,
         weight_bytes_per_step,
         weight_split,
@@ -101,6 +102,7 @@ def run_engine(model, workload, overlap: bool, prompts, args) -> dict:
         workload.num_requests,
         workload.prompt_len,
         workload.new_tokens,
+        bandwidth=floor_bandwidth(engine.device)[0],
         windows=layer_windows(engine.model),
     )
     tokens_per_s = tokens / wall
@@ -146,9 +148,12 @@ def _run_result(
     """What every engine run reports (both workload kinds)."""
     import torch
 
+    from benchmarks.lib.roofline import floor_bandwidth
+
     cuda = engine.device.type == "cuda"
     stats = engine.stats()
     tokens_per_s = tokens / wall
+    bandwidth, bandwidth_is = floor_bandwidth(engine.device)
     return {
         "mode": "overlap" if overlap else "sync",
         "tokens": tokens,
@@ -160,6 +165,9 @@ def _run_result(
         "cpu_ms_per_step": 1e3 * (wall - stats.host_wait_s) / steps,
         "roofline_tokens_per_s": roofline if cuda else None,
         "roofline_fraction": tokens_per_s / roofline if cuda else None,
+        # what the roofline and floors divide by
+        "floor_bandwidth": bandwidth if cuda else None,
+        "floor_bandwidth_is": bandwidth_is if cuda else None,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "num_kv_blocks": engine.num_kv_blocks,
         "preemptions": stats.preemptions,

@@ -80,6 +80,12 @@ def print_run(r: dict) -> None:
             f"({spec['acceptance_rate']:.1%}), {spec['tokens_per_verification']:.2f} tokens each",
             flush=True,
         )
+    if r.get("floor_bandwidth"):
+        print(
+            f"[bench]     roofline and floors at {r['floor_bandwidth'] / 1e12:.2f} TB/s "
+            f"({r['floor_bandwidth_is']})",
+            flush=True,
+        )
     if "regimes" in r:  # a grpo run
         print(
             f"[bench]     floor {fmt(r.get('floor_s'), '.2f')} s ({fmt(r.get('floor_fraction'), '.1%')}"

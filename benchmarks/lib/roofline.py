@@ -8,11 +8,13 @@ tokens/s. A sliding-window layer reads at most its window of each context. For a
 all of them); `per_step_floor` counts only the experts a step's tokens are expected to touch, which
 is what a small batch (the tail of an RL rollout) reads. The default bandwidth is the device-copy
 bandwidth (read + write) of one NVIDIA H200; docs/performance.md, 'The two numbers', has the
-figure and the rooflines it gives.
+figure and the rooflines it gives. On another GPU the benchmarks divide by that GPU's own copy
+bandwidth, measured when they start (`floor_bandwidth`).
 """
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -22,6 +24,44 @@ import numpy as np
 from rollout.engine.model.fp8_weights import fp8_read_bytes_saved
 
 H200_COPY_BANDWIDTH = 4.24e12  # bytes/s: one H200's device copy, read + write
+
+
+def floor_bandwidth(device) -> tuple[float, str]:
+    """(bytes/s, what it is) the floors of a run on `device` divide by: H200_COPY_BANDWIDTH on
+    an H200 (every H200 report's figure, so they stay comparable) and off CUDA (where no floor
+    is reported); on any other GPU its own device-copy bandwidth, measured once per process."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return H200_COPY_BANDWIDTH, "one H200's copy bandwidth"
+    name = torch.cuda.get_device_name(device)
+    if "H200" in name:
+        return H200_COPY_BANDWIDTH, "one H200's copy bandwidth"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return measured_copy_bandwidth(index), f"{name}'s copy bandwidth, measured"
+
+
+@functools.cache
+def measured_copy_bandwidth(device_index: int, nbytes: int = 1 << 30, copies: int = 10) -> float:
+    """Bytes read and written a second by a device-to-device copy of `nbytes` on the GPU, the
+    median of `copies` timed ones: how H200_COPY_BANDWIDTH was measured."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device_index}")
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up
+    seconds = []
+    for _ in range(copies):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        seconds.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / sorted(seconds)[len(seconds) // 2]
 
 
 def weight_bytes_per_step(model) -> int:
@@ -197,7 +237,8 @@ def engine_step_floor(
     model, engine, prompt_lens: int | Sequence[int], output_lens: Sequence[int]
 ) -> tuple[np.ndarray, float]:
     """`per_step_floor` for `model` as `engine` serves it: its weights (touched experts only for
-    MoE), the element size of its KV cache and its layers' windows."""
+    MoE), the element size of its KV cache and its layers' windows, at the bandwidth of the
+    engine's device (`floor_bandwidth`)."""
     split = weight_split(model)
     from rollout.engine.model.capabilities import layer_windows
 
@@ -211,4 +252,5 @@ def engine_step_floor(
         expert_bytes=split.expert_bytes,
         num_experts=split.num_experts,
         top_k=split.top_k,
+        bandwidth=floor_bandwidth(engine.device)[0],
     )

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.lib.roofline import (
+    H200_COPY_BANDWIDTH,
     expected_touched_experts,
+    floor_bandwidth,
     per_step_floor,
     roofline_tokens_per_s,
     running_per_step,
@@ -126,3 +128,30 @@ def test_weight_split_of_a_dense_model_has_no_experts() -> None:
     model = _tiny(model_config(TINY))
     # A dense MLP's down_proj is a Linear module, not a 3-D parameter: not an experts module.
     assert weight_split(model) == (weight_bytes_per_step(model), 0, 0, 0)
+
+
+def test_the_floor_divides_by_the_h200_figure_on_an_h200_and_off_cuda(monkeypatch) -> None:
+    import torch
+
+    from benchmarks.lib import roofline
+
+    monkeypatch.setattr(roofline, "measured_copy_bandwidth", lambda index: pytest.fail("measured"))
+    assert floor_bandwidth("cpu")[0] == H200_COPY_BANDWIDTH
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    assert floor_bandwidth("cuda:0") == (H200_COPY_BANDWIDTH, "one H200's copy bandwidth")
+
+
+def test_the_floor_divides_by_another_gpus_own_measured_bandwidth(monkeypatch) -> None:
+    import torch
+
+    from benchmarks.lib import roofline
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(roofline, "measured_copy_bandwidth", lambda index: 2.9e12 + index)
+    bandwidth, what = floor_bandwidth("cuda:1")
+    assert bandwidth == 2.9e12 + 1
+    assert what == "NVIDIA H100 80GB HBM3's copy bandwidth, measured"
+    # the floor scales with it: the same bytes take 4.24 / 2.9 as long
+    _, h200_s = per_step_floor(100, [10, 20], 10**9, 1024)
+    _, h100_s = per_step_floor(100, [10, 20], 10**9, 1024, bandwidth=bandwidth)
+    assert h100_s / h200_s == pytest.approx(H200_COPY_BANDWIDTH / bandwidth)
