@@ -295,6 +295,9 @@ def main(argv: list[str] | None = None) -> None:
         from rollout.kernels import triton_rounded_rows
 
         triton_rounded_rows.HW_E4M3 = False
+    from benchmarks.lib.roofline import floor_bandwidth
+
+    floor_bandwidth(device)  # measured (off an H200) before the model takes the memory
     torch.manual_seed(0)
     dtype = "bfloat16" if device == "cuda" else "float32"
     model = build_model(SHAPES[args.shape], dtype, device)

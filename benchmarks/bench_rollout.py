@@ -563,6 +563,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--compare-transformers: transformers has no per-sample lengths for grpo")
     if workload.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"workload {name} needs a CUDA device; try --smoke on CPU")
+    from benchmarks.lib.roofline import floor_bandwidth
+
+    floor_bandwidth(workload.device)  # measured (off an H200) before the model takes the memory
     torch.manual_seed(0)
     model = build_model(workload.model, workload.dtype, workload.device)
     g = torch.Generator().manual_seed(0)

@@ -43,9 +43,9 @@ def floor_bandwidth(device) -> tuple[float, str]:
 
 
 @functools.cache
-def measured_copy_bandwidth(device_index: int, nbytes: int = 1 << 30, copies: int = 10) -> float:
-    """Bytes read and written a second by a device-to-device copy of `nbytes` on the GPU, the
-    median of `copies` timed ones: how H200_COPY_BANDWIDTH was measured."""
+def measured_copy_bandwidth(device_index: int, nbytes: int = 1 << 28, copies: int = 10) -> float:
+    """Bytes read and written a second by a device-to-device copy of `nbytes` (well past any
+    L2) on the GPU, the median of `copies` timed ones: how H200_COPY_BANDWIDTH was measured."""
     import torch
 
     src = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device_index}")
