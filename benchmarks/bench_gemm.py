@@ -500,6 +500,8 @@ def main() -> None:
     parser.add_argument("--shapes", choices=sorted(SHAPES), default="w1")
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
+    if args.w8a8_narrow and not args.w8a8:
+        parser.error("--w8a8-narrow sweeps the W8A8 GEMM's tiles: give --w8a8 too")
 
     import torch
 

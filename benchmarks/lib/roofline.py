@@ -24,6 +24,7 @@ import numpy as np
 from rollout.engine.model.fp8_weights import fp8_read_bytes_saved
 
 H200_COPY_BANDWIDTH = 4.24e12  # bytes/s: one H200's device copy, read + write
+_H200_FIGURE = (H200_COPY_BANDWIDTH, "one H200's copy bandwidth")
 
 
 def floor_bandwidth(device) -> tuple[float, str]:
@@ -34,10 +35,10 @@ def floor_bandwidth(device) -> tuple[float, str]:
 
     device = torch.device(device)
     if device.type != "cuda":
-        return H200_COPY_BANDWIDTH, "one H200's copy bandwidth"
+        return _H200_FIGURE
     name = torch.cuda.get_device_name(device)
     if "H200" in name:
-        return H200_COPY_BANDWIDTH, "one H200's copy bandwidth"
+        return _H200_FIGURE
     index = device.index if device.index is not None else torch.cuda.current_device()
     return measured_copy_bandwidth(index), f"{name}'s copy bandwidth, measured"
 
