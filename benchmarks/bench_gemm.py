@@ -291,7 +291,7 @@ def _measure_w8a8(x, fp8, want, copies: int, narrow: bool = False) -> dict:
     }
     y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     timed = {}
-    block_m = triton_w8a8_linear._fp8_mma_tiles(m, n, x.shape[1])[1]
+    block_m = triton_w8a8_linear._fp8_mma_tiles(m, n, x.shape[1], device=x.device)[1]
     sweep = [(*t, block_m) for t in W8A8_NARROW_SWEEP] if narrow else W8A8_SWEEP
     for tiles in sweep:
         if tiles[-1] > max(64, triton.next_power_of_2(m)):
@@ -414,7 +414,7 @@ def measure_launch_floor(name: str, n: int, k: int, m: int) -> dict:
     x8, x_scale = quantize_rows(x)
     y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     store_one = _store_one_kernel()
-    mma_tiles, mma_block_m = triton_w8a8_linear._fp8_mma_tiles(m, n, k)
+    mma_tiles, mma_block_m = triton_w8a8_linear._fp8_mma_tiles(m, n, k, device=x.device)
     row = {"name": name, "n": n, "k": k, "m": m}
     for label, rows_in, tiles, block_m, x_scales in (
         ("fp8_weights", x, triton_linear._tiles(m, n, 1), triton_linear.row_block(m), None),

@@ -1,5 +1,5 @@
 """What the device under a launch offers the kernels' host code: Triton compiled for an NVIDIA
-GPU, the e4m3 instructions of compute capability 8.9 and up, its SMs.
+GPU, the e4m3 instructions of compute capability 8.9 and up, its SMs and shared memory.
 
 The kernels' fast paths are written in PTX (`tl.inline_asm_elementwise`) or lean on Hopper's and
 Ada's FP8 instructions, so each launch asks here before taking them; elsewhere (AMD's GPUs,
@@ -32,12 +32,22 @@ def has_e4m3_instructions(device: torch.device) -> bool:
 
 
 @functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def _properties(device_index: int):
+    return torch.cuda.get_device_properties(device_index)
+
+
+def _cuda_properties(device: torch.device):
+    return _properties(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def sm_count(device: torch.device) -> int:
     """The device's SMs; 0 off CUDA (the interpreter), where the tail tiles are not chosen."""
+    return _cuda_properties(device).multi_processor_count if device.type == "cuda" else 0
+
+
+def shared_memory_per_program(device: torch.device) -> int:
+    """The most shared memory one program may ask for on `device`, in bytes (227 KiB on Hopper,
+    99 KiB on Ada); 0 off CUDA."""
     if device.type != "cuda":
         return 0
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return getattr(_cuda_properties(device), "shared_memory_per_block_optin", 0)

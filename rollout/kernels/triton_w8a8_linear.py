@@ -17,15 +17,29 @@ import torch
 import triton
 
 from rollout.kernels import triton_linear
-from rollout.kernels.gpu_features import has_e4m3_instructions
+from rollout.kernels.gpu_features import (
+    has_e4m3_instructions,
+    shared_memory_per_program,
+    sm_count,
+)
 from rollout.kernels.tiling import W8A8_MAX_ROWS
 from rollout.kernels.torch_fp8 import ACTIVATION_GROUP, dequantize_groups, dequantize_rows
 
+# 64 x 256 tiles of x and of the weight, e4m3, in six stages: one program an SM
+_DEEP_TILES = (64, 256, 6, 1, 4)
+_DEEP_TILES_BYTES = (64 + 64) * 256 * 6
 
-def _fp8_mma_tiles(rows: int, n: int, k: int, grouped: bool = False) -> tuple[tuple[int, ...], int]:
+
+def _fp8_mma_tiles(
+    rows: int, n: int, k: int, grouped: bool = False, device: torch.device | None = None
+) -> tuple[tuple[int, ...], int]:
     """((BLOCK_N, BLOCK_K, stages, K split, warps), BLOCK_M), from bench_gemm.py --w8a8's sweeps
-    of Qwen3-8B's shapes (one H200). At up to 32 rows with a scale a row: `_few_rows_tiles`.
-    Otherwise 64-column blocks in row blocks of up to 64; K split until the launch has enough
+    of Qwen3-8B's shapes (one H200, and one H100 from 33 rows). At up to 32 rows with a scale a
+    row: `_few_rows_tiles`. From 33 rows with a scale a row, a narrow output whose 64 x 64
+    blocks fit one wave of `device`'s SMs (o and down up to 128 rows, q/k/v up to 64): one deep
+    program an SM, 256-wide K tiles in 6 stages, unsplit (`_DEEP_TILES`; us at 64 / 128 rows on
+    one H100, against the tiles below: o 13.7 / 12.9 -> 11.1 / 11.1, down 33.4 / 33.4 -> 25.0 /
+    27.0, q/k/v 14.3 -> 13.0 at 64). Otherwise 64-column blocks in row blocks of up to 64; K split until the launch has enough
     programs (more at up to 32 rows, where each does less), and in one row block until no slice
     is longer than 4,096; deep pipelines for the narrow outputs' unsplit or halved K. Wide
     outputs at more than 64 rows: 128 x 128 blocks, each weight tile read once for all rows;
@@ -36,6 +50,14 @@ def _fp8_mma_tiles(rows: int, n: int, k: int, grouped: bool = False) -> tuple[tu
         return (128, 128, 3, 1, 8 if grouped else 4), 128
     if rows <= 32 and not grouped:
         return _few_rows_tiles(n, k), triton_linear.row_block(rows)
+    if (
+        not grouped
+        and not wide
+        and device is not None
+        and triton.cdiv(n, 64) * triton.cdiv(rows, 64) <= sm_count(device)
+        and shared_memory_per_program(device) >= _DEEP_TILES_BYTES
+    ):
+        return _DEEP_TILES, 64
     block_n, block_k, block_m = 64, 128, min(64, triton_linear.row_block(rows))
     programs = 256 if rows <= 32 else 96
     row_blocks = triton.cdiv(rows, block_m)
@@ -105,7 +127,7 @@ def w8a8_linear(
         return triton_linear.decode_linear(x, weight, bias, fp8_weight, fp8_scale, False, residual)
     n = weight.shape[0]
     y = torch.empty(rows, n, dtype=weight.dtype, device=x8.device)
-    tiles, block_m = _fp8_mma_tiles(rows, n, k, grouped)
+    tiles, block_m = _fp8_mma_tiles(rows, n, k, grouped, x8.device)
     x_scale = x_scale.reshape(rows, -1) if grouped else x_scale.reshape(rows)
     r2, residual = triton_linear.residual_rows(residual, rows, n, y.dtype)
     triton_linear.launch(  # by the module: tests count its launches
