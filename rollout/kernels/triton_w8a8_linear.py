@@ -34,12 +34,12 @@ def _fp8_mma_tiles(
     rows: int, n: int, k: int, grouped: bool = False, device: torch.device | None = None
 ) -> tuple[tuple[int, ...], int]:
     """((BLOCK_N, BLOCK_K, stages, K split, warps), BLOCK_M), from bench_gemm.py --w8a8's sweeps
-    of Qwen3-8B's shapes (one H200, and one H100 from 33 rows). At up to 32 rows with a scale a
-    row: `_few_rows_tiles`. From 33 rows with a scale a row, a narrow output whose 64 x 64
-    blocks fit one wave of `device`'s SMs (o and down up to 128 rows, q/k/v up to 64): one deep
-    program an SM, 256-wide K tiles in 6 stages, unsplit (`_DEEP_TILES`; us at 64 / 128 rows on
-    one H100, against the tiles below: o 13.7 / 12.9 -> 11.1 / 11.1, down 33.4 / 33.4 -> 25.0 /
-    27.0, q/k/v 14.3 -> 13.0 at 64). Otherwise 64-column blocks in row blocks of up to 64; K split until the launch has enough
+    of Qwen3-8B's shapes (one H200, and one H100 from 33 rows). At up to 32 rows:
+    `_few_rows_tiles`. From 33 rows with a scale a row, a narrow output whose 64 x 64 blocks fit
+    one wave of `device`'s SMs (o and down up to 128 rows, q/k/v up to 64): one deep program an
+    SM, 256-wide K tiles in 6 stages, unsplit (`_DEEP_TILES`; us at 64 / 128 rows on one H100,
+    against the tiles below: o 13.7 / 12.9 -> 11.1 / 11.1, down 33.4 / 33.4 -> 25.0 / 27.0,
+    q/k/v 14.3 -> 13.0 at 64). Otherwise 64-column blocks in row blocks of up to 64; K split until the launch has enough
     programs (more at up to 32 rows, where each does less), and in one row block until no slice
     is longer than 4,096; deep pipelines for the narrow outputs' unsplit or halved K. Wide
     outputs at more than 64 rows: 128 x 128 blocks, each weight tile read once for all rows;
@@ -48,8 +48,8 @@ def _fp8_mma_tiles(
     wide = n >= triton_linear.FP8_MIN_COLUMNS
     if wide and rows > 64:
         return (128, 128, 3, 1, 8 if grouped else 4), 128
-    if rows <= 32 and not grouped:
-        return _few_rows_tiles(n, k), triton_linear.row_block(rows)
+    if rows <= 32:
+        return _few_rows_tiles(n, k, grouped), triton_linear.row_block(rows)
     if (
         not grouped
         and not wide
@@ -71,20 +71,24 @@ def _fp8_mma_tiles(
     return (block_n, block_k, stages, split_k, 4), block_m
 
 
-def _few_rows_tiles(n: int, k: int) -> tuple[int, ...]:
-    """The tail's and the crowded middle's tiles (1-32 rows, a scale a row), from
+def _few_rows_tiles(n: int, k: int, grouped: bool = False) -> tuple[int, ...]:
+    """The tail's and the crowded middle's tiles (1-32 rows), from
     `bench_gemm.py --w8a8 --w8a8-narrow` at 1, 8 and 32 rows: each the best summed over the three.
     A K split costs its ordered sum (~2 us a launch, `--launch-floor`), so the narrow outputs
     get their programs from 16-column blocks in 2 warps instead, each over 256-wide K tiles;
     only a long K (down's 12,288) is split, in two. Against the tiles before (64 columns, K split
     in four), us at 1 / 8 / 32 rows: q/k/v 12.0 / 12.2 / 14.7 -> 11.4 / 11.5 / 13.9, o 9.7 /
     10.2 / 11.2 -> 9.2 / 9.2 / 10.5, gate/up 30.5 / 30.3 / 33.0 -> 29.2 / 28.6 / 30.1, down 21.1
-    / 22.2 / 24.4 -> 19.1 / 20.2 / 23.2."""
+    / 22.2 / 24.4 -> 19.1 / 20.2 / 23.2. With a scale per 128 inputs (`grouped`) the K tiles
+    are the groups' 128, in 6 stages: the sweep's best 128-wide choices (a scale a row: q/k/v
+    11.6 / 12.1 / 14.3, o 9.6 / 9.7 / 10.8, down 20.7 / 21.4 / 26.7; the grouped launch itself
+    not timed with them)."""
     if n >= triton_linear.FP8_MIN_COLUMNS:
         return 64, 128, 4, 1, 4
+    block_k, stages = (128, 6) if grouped else (256, 4)
     if k > 4096:
-        return 32, 256, 4, 2, 4
-    return 16, 256, 4, 1, 2
+        return 32, block_k, stages, 2, 4
+    return 16, block_k, stages, 1, 2
 
 
 @torch.library.custom_op("rollout::w8a8_linear", mutates_args=())

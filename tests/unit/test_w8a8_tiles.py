@@ -39,6 +39,16 @@ def test_deep_tiles_where_the_launch_is_one_wave(rows, monkeypatch) -> None:
     assert _tiles(monkeypatch, HOPPER, rows, GATE_UP)[0] != triton_w8a8_linear._DEEP_TILES
 
 
+@pytest.mark.parametrize("rows", [1, 16, 32])
+def test_few_rows_with_group_scales_take_the_same_blocks_over_the_groups_k(
+    rows, monkeypatch
+) -> None:
+    block_m = max(16, rows)
+    assert _tiles(monkeypatch, HOPPER, rows, QKV, True) == ((16, 128, 6, 1, 2), block_m)
+    assert _tiles(monkeypatch, HOPPER, rows, DOWN, True) == ((32, 128, 6, 2, 4), block_m)
+    assert _tiles(monkeypatch, HOPPER, rows, GATE_UP, True) == ((64, 128, 4, 1, 4), block_m)
+
+
 @pytest.mark.parametrize("rows", [8, 64, 128])
 def test_no_deep_tiles_with_group_scales_or_without_the_shared_memory(rows, monkeypatch) -> None:
     for shape in (QKV, O_PROJ, GATE_UP, DOWN):
