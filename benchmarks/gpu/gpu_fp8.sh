@@ -226,11 +226,11 @@ for part in "$@"; do
       --modes overlap --engine weight_quantization=fp8 --engine kv_cache_dtype=fp8 \
       --engine fp8_lm_head=true --json-out "$OUT_DIR/grpo_qwen3-8b_fp8_kv_head.json" \
       --plot-out "$PLOT_DIR/grpo_qwen3-8b_fp8_kv_head.png" ;;
-    grpo-bf16) run grpo_qwen3-8b_bf16 240 benchmarks/bench_rollout.py --workload grpo --modes overlap \
+    grpo-bf16) run grpo_qwen3-8b_bf16 300 benchmarks/bench_rollout.py --workload grpo --modes overlap \
       --json-out "$OUT_DIR/grpo_qwen3-8b_bf16.json" --plot-out "$PLOT_DIR/grpo_qwen3-8b_bf16.png" ;;
     grpo-w8a8)
       # shellcheck disable=SC2086
-      run grpo_qwen3-8b_w8a8 240 benchmarks/bench_rollout.py --workload grpo --modes overlap \
+      run grpo_qwen3-8b_w8a8 300 benchmarks/bench_rollout.py --workload grpo --modes overlap \
         --engine weight_quantization=fp8 --engine kv_cache_dtype=fp8 \
         --engine activation_quantization=fp8 --engine fp8_lm_head=true ${GRPO_W8A8_EXTRA:-} \
         --json-out "$OUT_DIR/grpo_qwen3-8b_w8a8.json" --plot-out "$PLOT_DIR/grpo_qwen3-8b_w8a8.png" ;;
