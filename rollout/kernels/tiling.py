@@ -58,6 +58,16 @@ class DecodeTiles:
             return full_batch
         return self.split_len
 
+    def pieces(
+        self, num_seqs: int, num_kv_heads: int, max_visible: int, fp8_kv: bool = False
+    ) -> tuple[int, int, int]:
+        """(pieces each (sequence, KV head) aims at, the longest piece, the grid's depth: the
+        most pieces a visible context of up to `max_visible` positions is cut into)."""
+        splits_wanted = self.splits_per_sequence(num_seqs, num_kv_heads)
+        split_len = self.longest_piece(splits_wanted, fp8_kv)
+        depth = max(splits_wanted, -(-max_visible // split_len))
+        return splits_wanted, split_len, max(1, min(depth, -(-max_visible // self.block_n)))
+
 
 # The most query rows (a KV head's group x the step's query tokens) the keys-wide tiles take:
 # 4 sit in the MMA's narrow side (8) as Ampere-style MMAs. From 8 rows Triton picks Hopper's

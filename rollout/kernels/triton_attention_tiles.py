@@ -74,6 +74,23 @@ def page_start(page, stride):
 
 
 @triton.jit
+def tile_visible(offs, n_mask, q_pos, window, QUERY_LEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                 KEYS_WIDE: tl.constexpr):  # fmt: skip
+    """Which (row, position) pairs of a tile a row may see: inside the piece, causal among the
+    step's own tokens, inside the window; laid out [tile, rows] for the keys-wide tiles, else
+    [rows, tile]."""
+    if KEYS_WIDE:
+        position, row_position, visible = offs[:, None], q_pos[None, :], n_mask[:, None]
+    else:
+        position, row_position, visible = offs[None, :], q_pos[:, None], n_mask[None, :]
+    if QUERY_LEN > 1:  # causal among the step's own tokens
+        visible &= position <= row_position
+    if HAS_WINDOW:
+        visible &= position > row_position - window
+    return visible
+
+
+@triton.jit
 def load_kv_tile(
     k_cache_ptr, v_cache_ptr, block_table_ptr, offs, n_mask, d, d_mask, kv_head,
     stride_cblock, stride_cslot, stride_chead, PAGE: tl.constexpr,

@@ -41,6 +41,7 @@ from rollout.kernels.triton_attention_tiles import (
     scale_scores,
     scores_keys_wide,
     soft_cap,
+    tile_visible,
 )
 from rollout.kernels.triton_fp8_widen import fast_widen
 
@@ -48,23 +49,6 @@ DECODE_TILES = DecodeTiles()
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
-
-
-@triton.jit
-def tile_visible(offs, n_mask, q_pos, window, QUERY_LEN: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                 KEYS_WIDE: tl.constexpr):  # fmt: skip
-    """Which (row, position) pairs of a tile a row may see: inside the piece, causal among the
-    step's own tokens, inside the window; laid out [tile, rows] for the keys-wide tiles, else
-    [rows, tile]."""
-    if KEYS_WIDE:
-        position, row_position, visible = offs[:, None], q_pos[None, :], n_mask[:, None]
-    else:
-        position, row_position, visible = offs[None, :], q_pos[:, None], n_mask[None, :]
-    if QUERY_LEN > 1:  # causal among the step's own tokens
-        visible &= position <= row_position
-    if HAS_WINDOW:
-        visible &= position > row_position - window
-    return visible
 
 
 @triton.jit
@@ -266,10 +250,9 @@ def decode_attention(
     max_visible = max_seq_len_static
     if window is not None:
         max_visible = min(max_seq_len_static, window + query_len - 1)
-    splits_wanted = tiles.splits_per_sequence(num_seqs, num_kv_heads)
-    split_len = tiles.longest_piece(splits_wanted, kv_scales is not None)
-    num_splits = max(splits_wanted, triton.cdiv(max_visible, split_len))
-    num_splits = max(1, min(num_splits, triton.cdiv(max_visible, tiles.block_n)))
+    splits_wanted, split_len, num_splits = tiles.pieces(
+        num_seqs, num_kv_heads, max_visible, kv_scales is not None
+    )
     part_out = torch.empty(
         num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device
     )

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from rollout.kernels.arrival_counters import ARRIVALS
+from rollout.kernels.linear_residual import check_residual, plus_residual, residual_rows
 from rollout.kernels.torch_fp8 import ACTIVATION_GROUP, FP8_DTYPE
 from rollout.kernels.triton_fp8_widen import fast_widen, widen_e4m3
 
@@ -228,26 +229,6 @@ def decode_linear(
     r2, residual = residual_rows(residual, rows, n, y.dtype)
     launch(x2, kernel_weight, bias, y, *tiles, scale=fp8_scale, residual=r2)
     return plus_residual(y.view(*x.shape[:-1], n), residual)
-
-
-def check_residual(residual, leading: torch.Size, n: int, op: str) -> None:
-    if residual is not None and residual.shape != (*leading, n):
-        raise ValueError(
-            f"{op}: residual {tuple(residual.shape)} must have the output's shape {(*leading, n)}"
-        )
-
-
-def residual_rows(residual, rows: int, n: int, dtype: torch.dtype):
-    """(residual as [rows, n] rows for the kernel's last step, None) where the kernel can add
-    it (y's dtype), else (None, residual): the caller adds it after."""
-    if residual is None or residual.dtype != dtype:
-        return None, residual
-    r2 = residual.reshape(rows, n)
-    return (r2 if r2.stride(1) == 1 else r2.contiguous()), None
-
-
-def plus_residual(out: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-    return out if residual is None else residual + out
 
 
 def launch(

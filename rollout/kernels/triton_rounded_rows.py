@@ -10,12 +10,11 @@ registers: the producer's arithmetic with transformers' roundings (`torch_rounde
 twins), the amax of each row or 128-input group, and the rounded row written twice: in the
 activations' dtype (exact: what the FP8-weight GEMM and F.linear read) and as e4m3 bytes with
 their scales (what the FP8 MMA GEMM reads). On GPUs that have it (compute capability 8.9 and
-up) the rounding to e4m3 is the conversion instruction itself, one per two values, written out
-in PTX (`_E4M3_FROM_F32`): Triton's own cast (`.to(tl.float8e4nv)`) stored the right bytes but
-gave wrong values when its result was used again in registers at these kernels' widths
-(docs/performance.md, 'W8A8: the GPU's e4m3 conversion, timed and withdrawn'; the instruction's
-own run: 'W8A8: the e4m3 conversion instruction in PTX'). Elsewhere, and wherever `HW_E4M3` is
-off, it is `e4m3_bits`' integer and float arithmetic, which stores the same bytes.
+up) the rounding to e4m3 is the conversion instruction itself, one per two values, in PTX
+(`_E4M3_FROM_F32`): Triton's own cast stored the right bytes but gave wrong values when its
+result was used again in registers at these widths (docs/performance.md, 'W8A8: the GPU's e4m3
+conversion, timed and withdrawn'). Elsewhere, and wherever `HW_E4M3` is off, it is
+`e4m3_bits`' integer and float arithmetic, which stores the same bytes.
 
 Run as the custom ops `rollout::rms_norm_rounded`, `rollout::add_rms_norm_rounded` and
 `rollout::silu_mul_rounded`, and the rounding alone as `rollout::round_rows` (for o's input, the

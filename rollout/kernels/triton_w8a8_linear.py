@@ -22,6 +22,7 @@ from rollout.kernels.gpu_features import (
     shared_memory_per_program,
     sm_count,
 )
+from rollout.kernels.linear_residual import check_residual, plus_residual, residual_rows
 from rollout.kernels.tiling import W8A8_MAX_ROWS
 from rollout.kernels.torch_fp8 import ACTIVATION_GROUP, dequantize_groups, dequantize_rows
 
@@ -112,7 +113,7 @@ def w8a8_linear(
     `triton_linear.decode_linear` adds it: in the kernel's last step where the kernel runs."""
     k = x8.shape[-1]
     rows = x8.numel() // k if k else 0
-    triton_linear.check_residual(residual, x8.shape[:-1], weight.shape[0], "w8a8_linear")
+    check_residual(residual, x8.shape[:-1], weight.shape[0], "w8a8_linear")
     grouped = x_scale.shape != x8.shape[:-1]
     if grouped and x_scale.shape != (*x8.shape[:-1], triton.cdiv(k, ACTIVATION_GROUP)):
         raise ValueError(
@@ -133,12 +134,12 @@ def w8a8_linear(
     y = torch.empty(rows, n, dtype=weight.dtype, device=x8.device)
     tiles, block_m = _fp8_mma_tiles(rows, n, k, grouped, x8.device)
     x_scale = x_scale.reshape(rows, -1) if grouped else x_scale.reshape(rows)
-    r2, residual = triton_linear.residual_rows(residual, rows, n, y.dtype)
+    r2, residual = residual_rows(residual, rows, n, y.dtype)
     triton_linear.launch(  # by the module: tests count its launches
         x8.reshape(rows, k).contiguous(), fp8_weight, bias, y, *tiles,
         scale=fp8_scale, x_scale=x_scale.float().contiguous(), block_m=block_m, residual=r2,
     )  # fmt: skip
-    return triton_linear.plus_residual(y.view(*x8.shape[:-1], n), residual)
+    return plus_residual(y.view(*x8.shape[:-1], n), residual)
 
 
 @w8a8_linear.register_fake

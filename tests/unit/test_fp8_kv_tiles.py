@@ -53,6 +53,17 @@ def test_an_fp8_cache_takes_longer_pieces_only_at_a_full_batch() -> None:
     assert DECODE_TILES.longest_piece(few, fp8_kv=True) == DECODE_TILES.split_len
 
 
+def test_the_grid_is_as_deep_as_the_longest_context_cut_into_pieces() -> None:
+    """A few sequences aim at many pieces each; the grid's depth covers the static maximum
+    context cut into the longest pieces, and never holds pieces shorter than a tile."""
+    tiles = DECODE_TILES
+    wanted, longest, depth = tiles.pieces(2, 8, 16384)
+    assert (wanted, longest, depth) == (16, 512, 32)  # 256 programs over 2 x 8; 16384 / 512
+    assert tiles.pieces(2, 8, 1000) == (16, 512, 8)  # no piece shorter than a 128-token tile
+    assert tiles.pieces(128, 8, 16384, fp8_kv=True) == (1, 2048, 8)  # a full batch: long pieces
+    assert tiles.pieces(1, 8, 100) == (32, 512, 1)
+
+
 def test_the_engine_lays_an_fp8_caches_v_out_by_token_and_the_kernels_see_it() -> None:
     """allocate_kv_caches holds an FP8 cache's V by token (a bf16 cache's by dim), which the
     kernels tell from the strides; a layout they cannot read so is refused before a launch."""

@@ -13,8 +13,8 @@ from rollout.kernels import (  # noqa: F401 - register rollout::round_rows and :
     triton_rounded_rows,
     triton_w8a8_linear,
 )
+from rollout.kernels.linear_residual import plus_residual
 from rollout.kernels.tiling import W8A8_MAX_ROWS
-from rollout.kernels.triton_linear import plus_residual
 
 
 def fp8_linear(

@@ -35,7 +35,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from rollout.engine.model.fp8_linear import fp8_linear
 from rollout.engine.model.loader import decoder_layers
 from rollout.kernels import triton_rounded_rows  # noqa: F401 - registers the rounding act's op
-from rollout.kernels.triton_linear import plus_residual
+from rollout.kernels.linear_residual import plus_residual
 
 # transformers classes whose forward is: q/k/v projections -> [q_norm/k_norm] -> rotary ->
 # attention interface -> o_proj (the Qwen3 family adds the per-head norms); with the sliding
