@@ -27,6 +27,11 @@ class ActorsLostDuringSync(RuntimeError):
         self.dead = dead
 
 
+class _ReceiverEnded(RuntimeError):
+    """An actor's receive call ended before the trainer sent the last bucket: it died or failed,
+    so the rest is not sent (and, for a lazy sync, not gathered)."""
+
+
 class ActorWeightSync:
     def __init__(self, ray) -> None:
         self._ray = ray
@@ -53,7 +58,9 @@ class ActorWeightSync:
             live,
             backend,
             receive=lambda actor: actor.receive_weights.remote(manifest, version),
-            transmit=lambda group: send_weights(group, manifest, named, device, lazy=lazy),
+            transmit=lambda group, check: send_weights(
+                group, manifest, named, device, lazy=lazy, before_bucket=check
+            ),
         )
 
     def send_adapter(
@@ -71,7 +78,9 @@ class ActorWeightSync:
             live,
             backend,
             receive=lambda actor: actor.receive_adapter.remote(manifest, version),
-            transmit=lambda group: send_weights(group, manifest.factors, factors, device),
+            transmit=lambda group, check: send_weights(
+                group, manifest.factors, factors, device, before_bucket=check
+            ),
         )
 
     def _run(
@@ -79,17 +88,26 @@ class ActorWeightSync:
         live: dict[int, Any],
         backend: str,
         receive: Callable[[Any], Any],
-        transmit: Callable[[WeightGroup], int],
+        transmit: Callable[[WeightGroup, Callable[[], None]], int],
     ) -> int:
-        """Start every actor's `receive`, then `transmit` as rank 0 of their group; raises
-        ActorsLostDuringSync if any actor died, else the first error on either side."""
+        """Start every actor's `receive`, then `transmit` as rank 0 of their group, checking
+        before each bucket that no receive has ended (an ended one died or failed: the rest is
+        not sent); raises ActorsLostDuringSync if any actor died, else the first error on
+        either side."""
         if self._members != (tuple(live), backend):
             self._group = self._join(live, backend)
             self._members = (tuple(live), backend)
         receives = {i: receive(a) for i, a in live.items()}
+        refs = list(receives.values())
+
+        def check_receivers() -> None:
+            ended, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0)
+            if ended:
+                raise _ReceiverEnded("an actor's receive ended before the last bucket was sent")
+
         sent, failure = 0, None
         try:
-            sent = transmit(self._group)
+            sent = transmit(self._group, check_receivers)
         except Exception as err:  # noqa: BLE001 - raised below, once every actor has answered
             failure = err
             self._drop_group()  # members still waiting on this rank fail now, not at the timeout
@@ -105,10 +123,17 @@ class ActorWeightSync:
             self._drop_group()  # the next sync builds a fresh one
         if dead:
             raise ActorsLostDuringSync(dead) from failure
-        if failure is not None:
+        ended_early = isinstance(failure, _ReceiverEnded) or isinstance(
+            getattr(failure, "__cause__", None), _ReceiverEnded
+        )  # (a transport may wrap it)
+        if failure is not None and not ended_early:
             raise failure
         if errors:
-            raise RuntimeError(f"a rollout actor failed to receive the weights: {errors[0]}")
+            raise RuntimeError(
+                f"a rollout actor failed to receive the weights: {errors[0]}"
+            ) from failure
+        if failure is not None:
+            raise failure
         return sent
 
     def _drop_group(self) -> None:

@@ -44,15 +44,20 @@ def send_weights(
     device: torch.device,
     *,
     lazy: bool = False,
+    before_bucket: Callable[[], None] | None = None,
 ) -> int:
     """Trainer side: pack and send every bucket; returns bytes sent. With `lazy`, the tensors
-    must come in the manifest's order (a different name raises ValueError naming both)."""
+    must come in the manifest's order (a different name raises ValueError naming both).
+    `before_bucket` runs before each bucket's tensors are taken: what it raises ends the send
+    there (the caller's check that every receiver is still there)."""
     if lazy:
         take = _pulled_in_order(manifest, iter(named_tensors))
     else:
         take = _looked_up_by_name(manifest, dict(named_tensors))
 
     def pack(bucket: list[int], out: torch.Tensor) -> None:
+        if before_bucket is not None:
+            before_bucket()
         _pack_into(out, take(bucket))
 
     buckets = manifest.buckets()
