@@ -40,12 +40,13 @@ def _fp8_mma_tiles(
     one wave of `device`'s SMs (o and down up to 128 rows, q/k/v up to 64): one deep program an
     SM, 256-wide K tiles in 6 stages, unsplit (`_DEEP_TILES`; us at 64 / 128 rows on one H100,
     against the tiles below: o 13.7 / 12.9 -> 11.1 / 11.1, down 33.4 / 33.4 -> 25.0 / 27.0,
-    q/k/v 14.3 -> 13.0 at 64). Otherwise 64-column blocks in row blocks of up to 64; K split until the launch has enough
-    programs (more at up to 32 rows, where each does less), and in one row block until no slice
-    is longer than 4,096; deep pipelines for the narrow outputs' unsplit or halved K. Wide
-    outputs at more than 64 rows: 128 x 128 blocks, each weight tile read once for all rows;
-    with a scale per row and K tile (`grouped`) in 8 warps, as 4 spill there (compiled for
-    sm_90: 255 registers and 55 spilled loads a K step against 177 and none; not timed)."""
+    q/k/v 14.3 -> 13.0 at 64). Otherwise 64-column blocks in row blocks of up to 64; K split
+    until the launch has enough programs (more at up to 32 rows, where each does less), and in
+    one row block until no slice is longer than 4,096; deep pipelines for the narrow outputs'
+    unsplit or halved K. Wide outputs at more than 64 rows: 128 x 128 blocks, each weight tile
+    read once for all rows; with a scale per row and K tile (`grouped`) in 8 warps, as 4 spill
+    there (compiled for sm_90: 255 registers and 55 spilled loads a K step against 177 and none;
+    not timed)."""
     wide = n >= triton_linear.FP8_MIN_COLUMNS
     if wide and rows > 64:
         return (128, 128, 3, 1, 8 if grouped else 4), 128
