@@ -6,6 +6,8 @@
     python benchmarks/bench_mismatch.py --shape qwen3-8b --weight-quantization fp8 \
         --activation-quantization fp8 --fp8-lm-head    # W8A8 projections, FP8 LM head
     python benchmarks/bench_mismatch.py --smoke            # tiny MoE on CPU, seconds
+    python benchmarks/bench_mismatch.py --model smollm2 --length 1024 --weight-quantization fp8 \
+        --kv-cache-dtype fp8    # a trained checkpoint (the built-in SmolLM2-135M-Instruct)
 
 The engine samples --samples completions of exactly --length tokens (temperature 1, EOS
 ignored) after random --prompt-len-token prompts, as a rollout does (CUDA graphs, compiled
@@ -26,8 +28,14 @@ With --activation-quantization fp8 or fp8-group (and --fp8-lm-head) the engine's
 round their inputs too (and its LM head is FP8): `fp8_model_trainer` then still rounds only the
 weights, so it holds the activations' share as well.
 
-Random weights: the figures show the numerics of two implementations of one model, not those of
-a trained checkpoint (whose sharper distributions and router margins differ).
+With --kv-cache-dtype fp8 the engine's KV cache is FP8 as well (the trainer has no cache).
+
+Random weights (--shape): the figures show the numerics of two implementations of one model, not
+those of a trained checkpoint (whose sharper distributions, router margins and massive
+activations differ). --model loads a trained one instead (a local transformers folder, or
+"smollm2": the SmolLM2-135M-Instruct the project ships, runnable on CPU), prompted with a chat
+question (--question) rather than random tokens. On CPU the engine and the trainer run fp32, so
+the figures hold FP8's share alone.
 """
 
 from __future__ import annotations
@@ -111,9 +119,17 @@ def measure(args) -> dict:
 
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     dtype = "bfloat16" if device == "cuda" else "float32"
-    shape = SHAPES[args.shape]
-    moe = shape["arch"].endswith("_moe")
-    model = build_model(shape, dtype, device)
+    if args.model:
+        model, prompt = trained_model(args.model, args.question, dtype, device)
+        args.prompt_len = len(prompt)
+        moe = "moe" in model.config.model_type
+    else:
+        shape = SHAPES[args.shape]
+        moe = shape["arch"].endswith("_moe")
+        model = build_model(shape, dtype, device)
+        g = torch.Generator().manual_seed(0)
+        prompt = torch.randint(0, model.config.vocab_size, (args.prompt_len,), generator=g)
+        prompt = prompt.tolist()
     total = args.prompt_len + args.length + 16
     fp8 = args.weight_quantization == "fp8"
     # The bf16 weights the FP8 engine rounds in place, kept on the host for the trainer.
@@ -139,11 +155,9 @@ def measure(args) -> dict:
             weight_quantization=args.weight_quantization,
             activation_quantization=args.activation_quantization,
             fp8_lm_head=args.fp8_lm_head,
+            kv_cache_dtype=args.kv_cache_dtype,
         ),
     )
-    g = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
-    prompt = torch.randint(0, vocab, (args.prompt_len,), generator=g).tolist()
     params = SamplingParams(
         max_tokens=args.length, temperature=1.0, ignore_eos=True, seed=1, n=args.samples
     )
@@ -167,7 +181,7 @@ def measure(args) -> dict:
     if replay is not None:
         replay.take_counts()
     report = {
-        "shape": args.shape,
+        "shape": args.model or args.shape,
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "dtype": dtype,
         "samples": args.samples,
@@ -178,12 +192,31 @@ def measure(args) -> dict:
         "weight_quantization": args.weight_quantization,
         "activation_quantization": args.activation_quantization,
         "fp8_lm_head": args.fp8_lm_head,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "runs": {
             name: figures(diffs, k3s, flips, args.length)
             for name, (diffs, k3s, flips) in runs.items()
         },
     }
     return report
+
+
+def trained_model(name: str, question: str, dtype: str, device: str):
+    """(a trained checkpoint's model on `device` in `dtype`, the token ids of `question` as a
+    chat prompt): `name` is a local transformers folder or "smollm2" (the built-in model)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rollout.builtin_models import SMOLLM2, smollm2_path
+    from rollout.prompts import PromptFormatter
+
+    path = smollm2_path() if name in ("smollm2", SMOLLM2) else Path(name)
+    if not (path / "config.json").exists():
+        raise SystemExit(f"--model {name!r}: no transformers folder (config.json) at {path}")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    prompt = PromptFormatter(tokenizer).prompt_ids([{"role": "user", "content": question}])
+    return model.eval(), prompt
 
 
 def score(results, trainer, args, device, moe: bool, replayed: bool):
@@ -220,6 +253,7 @@ def print_report(report: dict) -> None:
         f"weights {report['weight_quantization']}, "
         f"activations {report.get('activation_quantization', 'none')}, "
         f"FP8 LM head {report.get('fp8_lm_head', False)}, "
+        f"KV cache {report.get('kv_cache_dtype', 'auto')}, "
         f"rollout {report['rollout_s']:.1f} s"
     )
     if report["route_bytes_per_token"]:
@@ -261,6 +295,24 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument(
         "--fp8-lm-head", action="store_true", help="with --weight-quantization fp8: the LM head too"
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=("auto", "fp8"),
+        help="the engine's KV cache: the model's dtype (auto) or FP8 with a scale a token and head",
+    )
+    parser.add_argument(
+        "--model",
+        default="",
+        help="a trained checkpoint instead of --shape's random weights: a local transformers "
+        "folder, or 'smollm2' (the built-in SmolLM2-135M-Instruct)",
+    )
+    parser.add_argument(
+        "--question",
+        default="Explain step by step how a binary search finds a number in a sorted list, then "
+        "write it in Python and test it on three examples.",
+        help="with --model: the user message the samples answer",
     )
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args(argv)
