@@ -240,6 +240,25 @@ def test_bench_mismatch_with_fp8_separates_the_rounding_from_the_kernels() -> No
     assert runs["replayed_routes"][0]["abs_dlogp_mean"] > 1e-3
 
 
+def test_bench_mismatch_on_the_trained_checkpoint_with_an_fp8_cache() -> None:
+    """--model smollm2: the built-in trained model, prompted with a chat question; with FP8
+    weights and cache the engine drifts from the fp32 trainer, and against the rounded weights
+    only the cache's rounding is left."""
+    report = _script("bench_mismatch").main(
+        ["--model", "smollm2", "--samples", "2", "--length", "24", "--weight-quantization", "fp8",
+         "--kv-cache-dtype", "fp8", "--question", "Name three colours."]
+    )  # fmt: skip
+    assert report["shape"] == "smollm2" and report["kv_cache_dtype"] == "fp8"
+    assert report["prompt_len"] > 8  # the chat template around the question
+    runs = report["runs"]
+    assert list(runs) == ["fp8_model_trainer", "own_routing"]
+    assert runs["own_routing"][0]["tokens"] == 2 * 24
+    assert runs["own_routing"][0]["abs_dlogp_mean"] > runs["fp8_model_trainer"][0]["abs_dlogp_mean"]
+    assert runs["fp8_model_trainer"][0]["abs_dlogp_mean"] > 1e-4  # the cache is rounded
+    with pytest.raises(SystemExit, match="no transformers folder"):
+        _script("bench_mismatch").main(["--model", "/nonexistent/folder"])
+
+
 def test_bench_attention_points_give_even_or_mixed_contexts() -> None:
     contexts = _script("bench_attention").point_contexts
     assert contexts("4x2048") == [2048] * 4
