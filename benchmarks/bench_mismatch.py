@@ -122,7 +122,7 @@ def measure(args) -> dict:
     if args.model:
         model, prompt = trained_model(args.model, args.question, dtype, device)
         args.prompt_len = len(prompt)
-        moe = "moe" in model.config.model_type
+        moe = any(getattr(model.config, k, 0) for k in ("num_experts", "num_local_experts"))
     else:
         shape = SHAPES[args.shape]
         moe = shape["arch"].endswith("_moe")
