@@ -30,6 +30,11 @@ class DecodeTiles:
     target_programs: int = 256  # programs a launch aims at; 0: every piece is split_len long
     full_batch_split_len: int = 1024  # the longest piece once a launch has one piece a sequence
     fp8_full_batch_split_len: int = 2048  # the same over an FP8 cache (half the bytes a token)
+    # Over an FP8 cache, where a launch aims at this many pieces a (sequence, KV head) or more
+    # (at most 4 sequences of 8 KV heads), pieces of up to fp8_full_batch_split_len: 512-token
+    # pieces made 2-3 times the programs wanted there, and their merge cost more than it gave
+    # (docs/performance.md, 'Longer pieces in the tail, again'); 0 keeps split_len.
+    fp8_few_sequences_min_splits: int = 8
     # (row, piece) pairs one merge load holds ([rows, pieces, head_dim] fp32). The merge shares
     # the kernel's registers with the tile loop: 64 took an FP8 launch to a register count that
     # fits one program fewer per SM.
@@ -56,6 +61,9 @@ class DecodeTiles:
         full_batch = self.fp8_full_batch_split_len if fp8_kv else self.full_batch_split_len
         if self.target_programs and splits_wanted == 1 and full_batch:
             return full_batch
+        few = self.fp8_few_sequences_min_splits
+        if fp8_kv and self.target_programs and few and splits_wanted >= few:
+            return max(self.split_len, self.fp8_full_batch_split_len)
         return self.split_len
 
     def pieces(

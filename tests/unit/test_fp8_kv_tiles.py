@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rollout.kernels import triton_attention_tiles
+from rollout.kernels.tiling import DecodeTiles
 from rollout.kernels.triton_decode_attention import DECODE_TILES
 
 
@@ -48,9 +49,22 @@ def test_an_fp8_cache_takes_longer_pieces_only_at_a_full_batch() -> None:
     assert full == 1
     assert DECODE_TILES.longest_piece(full) == 1024
     assert DECODE_TILES.longest_piece(full, fp8_kv=True) == 2048
-    few = DECODE_TILES.splits_per_sequence(2, 8)
-    assert few > 1
-    assert DECODE_TILES.longest_piece(few, fp8_kv=True) == DECODE_TILES.split_len
+    middle = DECODE_TILES.splits_per_sequence(6, 8)
+    assert middle > 1
+    assert DECODE_TILES.longest_piece(middle, fp8_kv=True) == DECODE_TILES.split_len
+
+
+def test_an_fp8_cache_takes_longer_pieces_at_a_few_sequences() -> None:
+    """At up to 4 sequences of 8 KV heads a launch over an FP8 cache wants 8 or more pieces a
+    sequence; 512-token pieces would make 2-3 times that many, so they may grow to 2,048."""
+    for seqs in (1, 2, 3, 4):
+        wanted = DECODE_TILES.splits_per_sequence(seqs, 8)
+        assert wanted >= 8
+        assert DECODE_TILES.longest_piece(wanted, fp8_kv=True) == 2048
+        assert DECODE_TILES.longest_piece(wanted) == DECODE_TILES.split_len  # bf16: unchanged
+    assert DECODE_TILES.pieces(3, 8, 16999, fp8_kv=True) == (11, 2048, 11)  # was 34 deep
+    off = DecodeTiles(fp8_few_sequences_min_splits=0)
+    assert off.longest_piece(off.splits_per_sequence(3, 8), fp8_kv=True) == off.split_len
 
 
 def test_the_grid_is_as_deep_as_the_longest_context_cut_into_pieces() -> None:
