@@ -446,6 +446,44 @@ def measure_launch_floor(name: str, n: int, k: int, m: int) -> dict:
     return row
 
 
+def measure_w8a8_routes(name: str, n: int, k: int, row_counts: list[int]) -> list[dict]:
+    """One output's W8A8 GEMM (x rounded with a scale a row) at each of `row_counts` by both of
+    the engine's routes: the FP8-MMA kernel at its tiles and torch's FP8 GEMM
+    (`triton_w8a8_linear._library_gemm`), beside cuBLAS bf16; each output checked against the
+    fp32 GEMM of the rounded operands."""
+    import torch
+
+    from rollout.kernels import triton_w8a8_linear
+    from rollout.kernels.torch_fp8 import dequantize_rows, quantize_rows
+
+    copies = max(2, -(-4 * L2_BYTES // (n * k * 2)))
+    weights, fp8 = _rounded_weights(n, k, copies)
+    results = []
+    for m in row_counts:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        x8, x_scale = quantize_rows(x)
+        twin = dequantize_rows(x8, x_scale, torch.float32) @ weights[0].float().T
+
+        def kernel(i, x8=x8, x_scale=x_scale):  # the FP8-MMA kernel, whatever the route
+            before, triton_w8a8_linear.LIBRARY_MIN_ROWS = triton_w8a8_linear.LIBRARY_MIN_ROWS, 0
+            try:
+                return triton_w8a8_linear.w8a8_linear(x8, x_scale, weights[i], None, *fp8[i])
+            finally:
+                triton_w8a8_linear.LIBRARY_MIN_ROWS = before
+
+        def library(i, x8=x8, x_scale=x_scale):
+            return triton_w8a8_linear._library_gemm(x8, x_scale, None, *fp8[i])
+
+        row = {"name": name, "n": n, "k": k, "m": m}
+        for label, fn in (("kernel", kernel), ("library", library)):
+            error = (fn(0).float() - twin).norm() / twin.norm()
+            row[f"{label}_ms"] = time_in_graph(fn, copies)
+            row[f"{label}_error_to_twin"] = error.item()
+        row["cublas_bf16_ms"] = time_in_graph(lambda i, x=x: x @ weights[i].T, copies)
+        results.append(row)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -497,6 +535,13 @@ def main() -> None:
         metavar="NAME",
         help="only launch the engine's FP8 kernel for projection NAME (e.g. qkv), for a profiler",
     )
+    parser.add_argument(
+        "--w8a8-routes",
+        default="",
+        metavar="ROWS",
+        help="time each output's W8A8 GEMM at these rows (comma-separated) by the FP8-MMA kernel "
+        "and by torch's FP8 GEMM, beside cuBLAS bf16 (triton_w8a8_linear.LIBRARY_MIN_ROWS)",
+    )
     parser.add_argument("--shapes", choices=sorted(SHAPES), default="w1")
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
@@ -531,6 +576,19 @@ def main() -> None:
                 f" {row['work_alone_ms'] * 1e3:.1f} us)",
                 flush=True,
             )
+    if args.w8a8_routes:
+        row_counts = [int(r) for r in args.w8a8_routes.split(",")]
+        for name, n, k in SHAPES[args.shapes]:
+            for row in measure_w8a8_routes(name, n, k, row_counts):
+                rows.append(row)
+                print(
+                    f"  {name:8s} M={row['m']:4d}  FP8-MMA kernel {row['kernel_ms'] * 1e3:6.1f} us"
+                    f" | torch's FP8 GEMM {row['library_ms'] * 1e3:6.1f} us | cuBLAS bf16"
+                    f" {row['cublas_bf16_ms'] * 1e3:6.1f} us | errors to the twin"
+                    f" {row['kernel_error_to_twin']:.1e}, {row['library_error_to_twin']:.1e}",
+                    flush=True,
+                )
+            torch.cuda.empty_cache()
     if args.launch_floor:
         for name, n, k in SHAPES[args.shapes]:
             if name == "lm_head":
@@ -546,7 +604,8 @@ def main() -> None:
                     f" weight at {r['rest_tb_per_s']:.2f} TB/s",
                     flush=True,
                 )
-    for name, n, k in [] if args.l2_prefetch or args.launch_floor else SHAPES[args.shapes]:
+    only_routes = args.l2_prefetch or args.launch_floor or args.w8a8_routes
+    for name, n, k in [] if only_routes else SHAPES[args.shapes]:
         if args.fp8_sweep and name == "lm_head":
             continue  # the engine keeps the LM head in bf16: no FP8 tiles to choose
         row = measure_shape(

@@ -5,7 +5,8 @@ the product on the tensor cores with both operands as stored: Hopper's FP8 MMA (
 smaller ones, as Triton compiles them.
 
 It is `triton_linear`'s decode GEMM with its `X_FP8` path; this module picks that launch's tiles
-and serves it as the custom op `rollout::w8a8_linear`, at 1 to W8A8_MAX_ROWS rows. At 1-16 rows
+and serves it as the custom op `rollout::w8a8_linear`, at 1 to W8A8_MAX_ROWS rows, but for the
+wide outputs (gate/up) from LIBRARY_MIN_ROWS rows, which torch's own FP8 GEMM serves faster. At 1-16 rows
 it is 2-10% faster than the FP8-weight kernel over the dequantized rows for q/k/v, o and down,
 1-5% slower for gate/up (bench_gemm.py --w8a8 on one H200; docs/performance.md, 'W8A8:
 the FP8-MMA kernel at one to sixteen rows').
@@ -106,7 +107,8 @@ def w8a8_linear(
     """(residual +) F.linear(x8 * x_scale, weight, bias) in weight's dtype, where x8 [..., K] is e4m3 with a
     power-of-two scale per row (x_scale [...], `torch_fp8.quantize_rows`) or per row and 128 of
     K (x_scale [..., ceil(K / 128)], `torch_fp8.quantize_groups`) and weight == fp8_weight *
-    fp8_scale: by the FP8-MMA kernel at up to W8A8_MAX_ROWS rows of bf16 or fp16, else
+    fp8_scale: by the FP8-MMA kernel at up to W8A8_MAX_ROWS rows of bf16 or fp16 (a wide
+    output from LIBRARY_MIN_ROWS rows by torch's FP8 GEMM, `library_gemm_pays`), else
     `triton_linear.decode_linear` over the dequantized activations, which are exact in bf16 (the
     FP8-weight kernel at a few rows, F.linear at more). All compute the same products; only the
     summation order differs (and the MMA's, which adds each 128 of K at its own precision before
@@ -132,6 +134,8 @@ def w8a8_linear(
         x = (dequantize_groups if grouped else dequantize_rows)(x8, x_scale, weight.dtype)
         return triton_linear.decode_linear(x, weight, bias, fp8_weight, fp8_scale, False, residual)
     n = weight.shape[0]
+    if library_gemm_pays(rows, n, k, grouped, residual, weight.dtype, bias, fp8_scale, x8.device):
+        return _library_gemm(x8, x_scale, bias, fp8_weight, fp8_scale).view(*x8.shape[:-1], n)
     y = torch.empty(rows, n, dtype=weight.dtype, device=x8.device)
     tiles, block_m = _fp8_mma_tiles(rows, n, k, grouped, x8.device)
     x_scale = x_scale.reshape(rows, -1) if grouped else x_scale.reshape(rows)
@@ -141,6 +145,51 @@ def w8a8_linear(
         scale=fp8_scale, x_scale=x_scale.float().contiguous(), block_m=block_m, residual=r2,
     )  # fmt: skip
     return plus_residual(y.view(*x8.shape[:-1], n), residual)
+
+
+LIBRARY_MIN_ROWS = 65
+"""From this many rows a wide output (gate/up: at least FP8_MIN_COLUMNS) with a scale a row goes
+to torch's FP8 GEMM (`torch._scaled_mm` with a scale a row of each operand) rather than the
+FP8-MMA kernel; 0 turns the route off. Measured in bench_gemm.py --w8a8 --scaled-mm
+(docs/performance.md, 'W8A8: gate/up at 65-128 rows on the library's FP8 GEMM')."""
+
+
+def library_gemm_pays(
+    rows: int, n: int, k: int, grouped: bool, residual, dtype: torch.dtype, bias, fp8_scale,
+    device: torch.device,
+) -> bool:  # fmt: skip
+    """Whether `w8a8_linear`'s launch at `rows` goes to torch's FP8 GEMM: a wide output, a scale
+    a row of x and of the weight (the library scales whole rows), no residual to add, bf16 out
+    (its only output type with row scales), the shapes it takes (K and N in multiples of 16), on
+    a Hopper or later GPU (where its kernel with row scales is built)."""
+    return (
+        LIBRARY_MIN_ROWS > 0
+        and rows >= LIBRARY_MIN_ROWS
+        and n >= triton_linear.FP8_MIN_COLUMNS
+        and not grouped
+        and residual is None
+        and dtype == torch.bfloat16
+        and (bias is None or bias.dtype == torch.bfloat16)
+        and k % 16 == 0
+        and n % 16 == 0
+        and fp8_scale.numel() == n
+        and torch.cuda.get_device_capability(device) >= (9, 0)
+    )
+
+
+def _library_gemm(x8, x_scale, bias, fp8_weight, fp8_scale) -> torch.Tensor:
+    """x8 [..., K] e4m3 times the e4m3 weight [N, K] (read as its transpose, column-major, as the
+    library wants it), each product scaled by its row's and its output's scale, in bf16."""
+    k = x8.shape[-1]
+    rows = x8.numel() // k
+    return torch._scaled_mm(
+        x8.reshape(rows, k).contiguous(),
+        fp8_weight.t(),
+        x_scale.reshape(rows, 1).float().contiguous(),
+        fp8_scale.reshape(1, -1).float().contiguous(),
+        bias=bias,
+        out_dtype=torch.bfloat16,
+    )
 
 
 @w8a8_linear.register_fake

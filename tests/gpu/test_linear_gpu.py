@@ -202,7 +202,13 @@ def test_w8a8_linear_matches_its_twin(rows: int, n: int, k: int, scales: str, mo
         assert _rel_error(got, want) < 5e-3, rows
         assert _rel_error(got[:1], want[:1]) < 5e-3  # the small row is not lost beside the rest
     served = rows <= triton_w8a8_linear.W8A8_MAX_ROWS
-    assert launches == [True, True] if served else not launches
+    library = triton_w8a8_linear.library_gemm_pays(
+        rows, n, k, scales == "group", None, torch.bfloat16, None, scale, x.device
+    )
+    if library:  # torch's FP8 GEMM, no launch of ours
+        assert served and n >= 16384 and rows >= 65 and scales == "row" and not launches
+    else:
+        assert launches == [True, True] if served else not launches
 
 
 def _down_shaped(rows: int):
@@ -239,6 +245,38 @@ def test_w8a8_split_k_repeats_in_a_graph(rows: int, scales: str) -> None:
     with torch.cuda.graph(graph, stream=stream):
         out = w8a8_linear(x8, x_scale, weight, None, q, scale)
     for _ in range(4):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("rows", [65, 128])
+def test_the_library_gemm_of_wide_outputs_repeats_in_a_graph(rows: int, monkeypatch) -> None:
+    """A gate/up-shaped output from LIBRARY_MIN_ROWS rows goes to torch's FP8 GEMM (no launch of
+    ours), and a replayed graph of it gives the eager call's bits."""
+    from rollout.kernels import triton_w8a8_linear
+    from rollout.kernels.torch_fp8 import FP8_DTYPE, quantize_rows, round_to_fp8_
+
+    monkeypatch.setattr(triton_w8a8_linear, "LIBRARY_MIN_ROWS", 65)  # the route, on or not
+
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    x8, x_scale = quantize_rows(torch.randn(rows, 4096, device="cuda", generator=g).bfloat16())
+    weight = (torch.randn(24576, 4096, device="cuda", generator=g) * 0.02).bfloat16()
+    q = torch.empty_like(weight, dtype=FP8_DTYPE)
+    scale = torch.empty(24576, device="cuda")
+    round_to_fp8_(weight, q, scale)
+    launches = _count_w8a8_launches(monkeypatch)
+    eager = triton_w8a8_linear.w8a8_linear(x8, x_scale, weight, None, q, scale)
+    assert not launches
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        triton_w8a8_linear.w8a8_linear(x8, x_scale, weight, None, q, scale)
+    with torch.cuda.graph(graph, stream=stream):
+        out = triton_w8a8_linear.w8a8_linear(x8, x_scale, weight, None, q, scale)
+    for _ in range(3):
+        out.zero_()
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, eager)
