@@ -43,6 +43,9 @@ class DecodeTiles:
     # launch has at most KEYS_WIDE_MAX_ROWS query rows a KV head; 0 puts the query rows there,
     # padded to 16, as a bf16 cache's tiles and launches with more rows do.
     fp8_keys_wide: bool = True
+    # A cap on the registers a thread (Triton's maxnreg), so that more programs share an SM: 0
+    # leaves the count to the compiler (benchmarks compare caps; past the cap, values spill).
+    max_registers: int = 0
 
     def __post_init__(self) -> None:
         if self.merge_pairs < 1 or self.merge_pairs & (self.merge_pairs - 1):
