@@ -53,6 +53,11 @@
 #            conversion instruction and by the bit arithmetic (--e4m3-bits)
 #   launch-floor  the FP8-weight and W8A8 decode GEMMs at FLOOR_ROWS (1 8): whole, over one K
 #            tile a program, and an empty launch of the same grid (bench_gemm.py --launch-floor)
+#   routes-w8a8  each output's W8A8 GEMM by the FP8-MMA kernel and by torch's FP8 GEMM, beside
+#            cuBLAS bf16 (ROUTE_ROWS: 64,96,128; bench_gemm.py --w8a8-routes)
+#   attn-registers  the FP8 decode read at crowded batches (REGISTER_POINTS) with its registers
+#            capped (DecodeTiles.max_registers 96, 80: five or six programs an SM) and in 1-warp
+#            programs of 32-token tiles, against the default
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out), the rollout runs' plots to $PLOT_DIR (default
 # $OUT_DIR: point it elsewhere where only a few files can be brought back); ROLLOUT_COMMIT=<sha>
@@ -191,6 +196,14 @@ for part in "$@"; do
           --shapes qwen3-8b --m "$m" --launch-floor \
           --json-out "$OUT_DIR/gemm_launch_floor_qwen3-8b_m$m.json"
       done ;;
+    routes-w8a8) LINES_SHOWN=16 run gemm_w8a8_routes_qwen3-8b 120 benchmarks/bench_gemm.py \
+      --shapes qwen3-8b --w8a8-routes "${ROUTE_ROWS:-64,96,128}" \
+      --json-out "$OUT_DIR/gemm_w8a8_routes_qwen3-8b.json" ;;
+    attn-registers) LINES_SHOWN=12 run attention_regimes_fp8_kv_registers 120 \
+      benchmarks/bench_attention.py --regimes --fp8-kv \
+      --points "${REGISTER_POINTS:-32x5000,64x4096,96x1500}" \
+      --choices "FP8 KV;FP8 KV with max_registers=96;FP8 KV with max_registers=80;FP8 KV with block_n=32,num_warps=1" \
+      --json-out "$OUT_DIR/attention_regimes_fp8_kv_registers.json" ;;
     tail) both grpo_tail 120 --workload grpo --prompts 2 --group-size 4 --length-max 4096 ;;
     moe) run moe_experts 90 benchmarks/bench_moe.py --tokens ${MOE_TOKENS:-1,8,32,128} \
       --json-out "$OUT_DIR/moe_experts.json" ;;
