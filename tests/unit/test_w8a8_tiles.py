@@ -55,3 +55,37 @@ def test_no_deep_tiles_with_group_scales_or_without_the_shared_memory(rows, monk
         tiles, _ = _tiles(monkeypatch, HOPPER, rows, shape, grouped=True)
         assert tiles[1] == 128  # a scale per 128 of K: K tiles of 128
         assert _tiles(monkeypatch, ADA, rows, shape)[0] != triton_w8a8_linear._DEEP_TILES
+
+
+def test_only_a_wide_bf16_output_with_row_scales_and_no_residual_goes_to_the_library(
+    monkeypatch,
+) -> None:
+    """`library_gemm_pays`: gate/up from LIBRARY_MIN_ROWS rows on a Hopper GPU; never a narrow
+    output, scales per 128 inputs, a residual to add, fp16 out, block scales or an older GPU."""
+    capability = [(9, 0)]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: capability[0])
+    n, k = GATE_UP
+    row_scales = torch.ones(n)
+    cuda = torch.device("cuda")
+
+    def pays(rows=128, n=n, k=k, grouped=False, residual=None, dtype=torch.bfloat16, bias=None,
+             scale=row_scales) -> bool:  # fmt: skip
+        return triton_w8a8_linear.library_gemm_pays(
+            rows, n, k, grouped, residual, dtype, bias, scale, cuda
+        )
+
+    first = triton_w8a8_linear.LIBRARY_MIN_ROWS
+    assert pays() and pays(rows=first) and not pays(rows=first - 1)
+    assert pays(bias=torch.ones(n, dtype=torch.bfloat16))
+    assert not pays(bias=torch.ones(n, dtype=torch.float16))
+    assert not pays(n=DOWN[0], k=DOWN[1], scale=torch.ones(DOWN[0]))  # narrow
+    assert not pays(grouped=True)
+    assert not pays(residual=torch.zeros(128, n, dtype=torch.bfloat16))
+    assert not pays(dtype=torch.float16)
+    assert not pays(scale=torch.ones(n, 32))  # not a scale a row
+    assert not pays(k=4104)  # K not a multiple of 16
+    capability[0] = (8, 9)
+    assert not pays()
+    monkeypatch.setattr(triton_w8a8_linear, "LIBRARY_MIN_ROWS", 0)
+    capability[0] = (9, 0)
+    assert not pays()  # the route off
