@@ -158,13 +158,14 @@ def library_gemm_pays(
     rows: int, n: int, k: int, grouped: bool, residual, dtype: torch.dtype, bias, fp8_scale,
     device: torch.device,
 ) -> bool:  # fmt: skip
-    """Whether `w8a8_linear`'s launch at `rows` goes to torch's FP8 GEMM: a wide output, a scale
-    a row of x and of the weight (the library scales whole rows), no residual to add, bf16 out
-    (its only output type with row scales), the shapes it takes (K and N in multiples of 16), on
-    a Hopper or later GPU (where its kernel with row scales is built)."""
+    """Whether `w8a8_linear`'s launch at `rows` goes to torch's FP8 GEMM: LIBRARY_MIN_ROWS to
+    W8A8_MAX_ROWS rows (more are prefill's, served by F.linear), a wide output, a scale a row of
+    x and of the weight (the library scales whole rows), no residual to add, bf16 out (its only
+    output type with row scales), the shapes it takes (K and N in multiples of 16), on a Hopper
+    or later GPU (where its kernel with row scales is built)."""
     return (
         LIBRARY_MIN_ROWS > 0
-        and rows >= LIBRARY_MIN_ROWS
+        and LIBRARY_MIN_ROWS <= rows <= W8A8_MAX_ROWS
         and n >= triton_linear.FP8_MIN_COLUMNS
         and not grouped
         and residual is None

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rollout.kernels import triton_w8a8_linear
+from rollout.kernels.tiling import W8A8_MAX_ROWS
 
 QKV, O_PROJ, GATE_UP, DOWN = (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)
 HOPPER = (132, 227 * 1024)  # SMs, shared memory a program may ask for
@@ -76,6 +77,7 @@ def test_only_a_wide_bf16_output_with_row_scales_and_no_residual_goes_to_the_lib
 
     first = triton_w8a8_linear.LIBRARY_MIN_ROWS
     assert pays() and pays(rows=first) and not pays(rows=first - 1)
+    assert not pays(rows=W8A8_MAX_ROWS + 1)  # prefill's rows: F.linear's
     assert pays(bias=torch.ones(n, dtype=torch.bfloat16))
     assert not pays(bias=torch.ones(n, dtype=torch.float16))
     assert not pays(n=DOWN[0], k=DOWN[1], scale=torch.ones(DOWN[0]))  # narrow
