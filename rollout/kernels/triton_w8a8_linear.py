@@ -6,10 +6,10 @@ smaller ones, as Triton compiles them.
 
 It is `triton_linear`'s decode GEMM with its `X_FP8` path; this module picks that launch's tiles
 and serves it as the custom op `rollout::w8a8_linear`, at 1 to W8A8_MAX_ROWS rows, but for the
-wide outputs (gate/up) from LIBRARY_MIN_ROWS rows, which torch's own FP8 GEMM serves faster. At 1-16 rows
-it is 2-10% faster than the FP8-weight kernel over the dequantized rows for q/k/v, o and down,
-1-5% slower for gate/up (bench_gemm.py --w8a8 on one H200; docs/performance.md, 'W8A8:
-the FP8-MMA kernel at one to sixteen rows').
+wide outputs (gate/up) from LIBRARY_MIN_ROWS rows, which torch's own FP8 GEMM serves faster. At
+1-16 rows it is 2-10% faster than the FP8-weight kernel over the dequantized rows for q/k/v, o
+and down, 1-5% slower for gate/up (bench_gemm.py --w8a8 on one H200; docs/performance.md,
+'W8A8: the FP8-MMA kernel at one to sixteen rows').
 """
 
 from __future__ import annotations
@@ -104,11 +104,11 @@ def w8a8_linear(
     fp8_scale: torch.Tensor,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(residual +) F.linear(x8 * x_scale, weight, bias) in weight's dtype, where x8 [..., K] is e4m3 with a
-    power-of-two scale per row (x_scale [...], `torch_fp8.quantize_rows`) or per row and 128 of
-    K (x_scale [..., ceil(K / 128)], `torch_fp8.quantize_groups`) and weight == fp8_weight *
-    fp8_scale: by the FP8-MMA kernel at up to W8A8_MAX_ROWS rows of bf16 or fp16 (a wide
-    output from LIBRARY_MIN_ROWS rows by torch's FP8 GEMM, `library_gemm_pays`), else
+    """(residual +) F.linear(x8 * x_scale, weight, bias) in weight's dtype, where x8 [..., K] is
+    e4m3 with a power-of-two scale per row (x_scale [...], `torch_fp8.quantize_rows`) or per row
+    and 128 of K (x_scale [..., ceil(K / 128)], `torch_fp8.quantize_groups`) and weight ==
+    fp8_weight * fp8_scale: by the FP8-MMA kernel at up to W8A8_MAX_ROWS rows of bf16 or fp16 (a
+    wide output from LIBRARY_MIN_ROWS rows by torch's FP8 GEMM, `library_gemm_pays`), else
     `triton_linear.decode_linear` over the dequantized activations, which are exact in bf16 (the
     FP8-weight kernel at a few rows, F.linear at more). All compute the same products; only the
     summation order differs (and the MMA's, which adds each 128 of K at its own precision before
@@ -150,8 +150,9 @@ def w8a8_linear(
 LIBRARY_MIN_ROWS = 65
 """From this many rows a wide output (gate/up: at least FP8_MIN_COLUMNS) with a scale a row goes
 to torch's FP8 GEMM (`torch._scaled_mm` with a scale a row of each operand) rather than the
-FP8-MMA kernel; 0 turns the route off. Measured in bench_gemm.py --w8a8 --scaled-mm
-(docs/performance.md, 'W8A8: gate/up at 65-128 rows on the library's FP8 GEMM')."""
+FP8-MMA kernel, whose second 64-row block costs more there; 0 turns the route off. Measured by
+bench_gemm.py --w8a8-routes 64,96,128 on one H100: 6.5-8.7 us a layer faster at 96-128 rows,
+6 us slower at 64 (docs/performance.md, 'W8A8: gate/up on torch's FP8 GEMM')."""
 
 
 def library_gemm_pays(
