@@ -55,9 +55,11 @@
 #            tile a program, and an empty launch of the same grid (bench_gemm.py --launch-floor)
 #   routes-w8a8  each output's W8A8 GEMM by the FP8-MMA kernel and by torch's FP8 GEMM, beside
 #            cuBLAS bf16 (ROUTE_ROWS: 64,96,128; bench_gemm.py --w8a8-routes)
-#   attn-registers  the FP8 decode read at crowded batches (REGISTER_POINTS) with its registers
-#            capped (DecodeTiles.max_registers 96, 80: five or six programs an SM) and in 1-warp
-#            programs of 32-token tiles, against the default
+#   attn-registers  the FP8 decode read at crowded batches (REGISTER_POINTS) in 4-warp programs
+#            of 128-token tiles, with its registers capped (DecodeTiles.max_registers 96, 80:
+#            five or six programs an SM) and not, against the default (1-warp programs)
+#   attn-crowded  the FP8 decode read from 16 to 128 sequences (CROWDED_POINTS) with the full
+#            batch's 1-warp programs of 32-token tiles (the default) and without, beside bf16
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out), the rollout runs' plots to $PLOT_DIR (default
 # $OUT_DIR: point it elsewhere where only a few files can be brought back); ROLLOUT_COMMIT=<sha>
@@ -202,8 +204,13 @@ for part in "$@"; do
     attn-registers) LINES_SHOWN=12 run attention_regimes_fp8_kv_registers 120 \
       benchmarks/bench_attention.py --regimes --fp8-kv \
       --points "${REGISTER_POINTS:-32x5000,64x4096,96x1500}" \
-      --choices "FP8 KV;FP8 KV with max_registers=96;FP8 KV with max_registers=80;FP8 KV with block_n=32,num_warps=1" \
+      --choices "FP8 KV with fp8_full_batch_block_n=0;FP8 KV with fp8_full_batch_block_n=0,max_registers=96;FP8 KV with fp8_full_batch_block_n=0,max_registers=80;FP8 KV" \
       --json-out "$OUT_DIR/attention_regimes_fp8_kv_registers.json" ;;
+    attn-crowded) LINES_SHOWN=14 run attention_regimes_fp8_kv_crowded 240 \
+      benchmarks/bench_attention.py --regimes --fp8-kv \
+      --points "${CROWDED_POINTS:-16x8000,32x2000,32x5000,48x3000,64x1000,64x4096,96x1500,128x700,128x2000}" \
+      --choices "bf16 KV;FP8 KV;FP8 KV with fp8_full_batch_block_n=0" \
+      --json-out "$OUT_DIR/attention_regimes_fp8_kv_crowded.json" ;;
     tail) both grpo_tail 120 --workload grpo --prompts 2 --group-size 4 --length-max 4096 ;;
     moe) run moe_experts 90 benchmarks/bench_moe.py --tokens ${MOE_TOKENS:-1,8,32,128} \
       --json-out "$OUT_DIR/moe_experts.json" ;;

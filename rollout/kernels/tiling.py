@@ -46,6 +46,12 @@ class DecodeTiles:
     # A cap on the registers a thread (Triton's maxnreg), so that more programs share an SM: 0
     # leaves the count to the compiler (benchmarks compare caps; past the cap, values spill).
     max_registers: int = 0
+    # Over an FP8 cache, once the batch alone fills the launch (one piece a (sequence, KV head))
+    # and the keys-wide tiles serve it: tiles of this many tokens in programs of this many
+    # warps, 1-6% faster than the 4-warp 128-token tiles at 32-96 sequences ('W8A8: gate/up on
+    # torch's FP8 GEMM' in docs/performance.md); 0 keeps block_n and num_warps.
+    fp8_full_batch_block_n: int = 32
+    fp8_full_batch_num_warps: int = 1
 
     def __post_init__(self) -> None:
         if self.merge_pairs < 1 or self.merge_pairs & (self.merge_pairs - 1):
@@ -68,6 +74,18 @@ class DecodeTiles:
         if fp8_kv and self.target_programs and few and splits_wanted >= few:
             return max(self.split_len, self.fp8_full_batch_split_len)
         return self.split_len
+
+    def tile_shape(
+        self, splits_wanted: int, fp8_kv: bool, keys_wide: bool, page: int
+    ) -> tuple[int, int]:
+        """(tokens a KV tile, warps a program) of a launch: the FP8 full-batch tiles where they
+        apply and hold whole pages of `page` tokens, else block_n and num_warps."""
+        crowded = self.target_programs and splits_wanted == 1
+        small = self.fp8_full_batch_block_n
+        if fp8_kv and keys_wide and crowded and small and self.fp8_full_batch_num_warps:
+            if page <= small:
+                return small, self.fp8_full_batch_num_warps
+        return self.block_n, self.num_warps
 
     def pieces(
         self, num_seqs: int, num_kv_heads: int, max_visible: int, fp8_kv: bool = False

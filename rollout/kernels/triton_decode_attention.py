@@ -271,9 +271,12 @@ def decode_attention(
     k_f16 = fp16_keys(query, kv_scales is not None)
     keys_wide = kv_scales is not None and bool(tiles.fp8_keys_wide) and rows <= KEYS_WIDE_MAX_ROWS
     by_token = reads_v_by_token(k_cache, v_cache, kv_scales is not None)
-    if by_token and tiles.block_n < k_cache.shape[1]:
+    block_n, num_warps = tiles.tile_shape(
+        splits_wanted, kv_scales is not None, keys_wide, k_cache.shape[1]
+    )
+    if by_token and block_n < k_cache.shape[1]:
         raise ValueError(
-            f"decode_attention: tiles of {tiles.block_n} tokens over pages of {k_cache.shape[1]} "
+            f"decode_attention: tiles of {block_n} tokens over pages of {k_cache.shape[1]} "
             "with V laid out by token; the tiles must hold whole pages (DecodeTiles.block_n)"
         )
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
@@ -290,14 +293,14 @@ def decode_attention(
         ROWS_PAD=KEYS_WIDE_MAX_ROWS if keys_wide else max(16, triton.next_power_of_2(rows)),
         MERGE_ROWS=merge_rows,
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
-        BLOCK_N=tiles.block_n, SPLIT_LEN=split_len,
+        BLOCK_N=block_n, SPLIT_LEN=split_len,
         MERGE_CHUNK=max(
             1, min(16, tiles.merge_pairs // merge_rows, triton.next_power_of_2(num_splits))
         ),
         DOT_PRECISION=dot_precision(query), HAS_WINDOW=window is not None,
         HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
         V_BY_TOKEN=by_token, KEYS_WIDE=keys_wide,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        num_warps=num_warps, num_stages=tiles.num_stages,
         **({"maxnreg": tiles.max_registers} if tiles.max_registers else {}),
     )  # fmt: skip
     return out

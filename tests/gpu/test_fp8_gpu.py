@@ -265,6 +265,34 @@ def test_graphs_equal_eager_with_fp8_weights_and_kv(compile_model: bool) -> None
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
 
 
+def test_graphs_equal_eager_at_the_full_batch_tiles_of_an_fp8_cache(monkeypatch) -> None:
+    """Every decode launch taken as a full batch (a target of 2 programs): the crowded FP8
+    launches' one-warp programs of 32-token tiles, graphed and eager alike."""
+    import dataclasses
+
+    from rollout.kernels import triton_decode_attention as decode
+
+    full = dataclasses.replace(decode.DECODE_TILES, target_programs=2)
+    monkeypatch.setattr(decode, "DECODE_TILES", full)
+    shapes = []
+    tile_shape = decode.DecodeTiles.tile_shape
+
+    def recording(self, *args):
+        shapes.append(tile_shape(self, *args))
+        return shapes[-1]
+
+    monkeypatch.setattr(decode.DecodeTiles, "tile_shape", recording)
+    model = tiny_model("qwen3").to("cuda", torch.bfloat16)
+    sampled = SamplingParams(max_tokens=40, temperature=1.0, n=2, seed=3)
+    settings = dict(num_kv_blocks=200, dtype="bfloat16", kv_cache_dtype="fp8")
+    graphed = engine_for(model, ON_GPU, **settings)
+    a = graphed.generate(PROMPTS, sampled)
+    assert graphed.stats().cuda_graphs > 0
+    b = engine_for(model, ON_GPU, cuda_graphs=False, **settings).generate(PROMPTS, sampled)
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    assert (32, 1) in shapes
+
+
 # ---- widening e4m3 to bf16 (triton_fp8_widen) ---------------------------------------------------
 
 
@@ -379,8 +407,11 @@ def test_fp8_kernels_give_the_same_bits_widening_either_way() -> None:
         dict(num_warps=8, num_stages=2),
         dict(fp8_full_batch_split_len=1024),
         dict(fp8_keys_wide=False),
+        dict(target_programs=8),
+        dict(target_programs=8, fp8_full_batch_split_len=512),
+        dict(target_programs=8, fp8_full_batch_block_n=0),
     ],
-    ids=["default", "2w", "8w", "1024", "rows-wide"],
+    ids=["default", "2w", "8w", "1024", "rows-wide", "full-1w", "full-1w-merged", "full-4w"],
 )
 @pytest.mark.parametrize("choice", ["fp16 K", "bf16"])
 def test_an_fp8_cache_is_read_within_bf16s_rounding(choice: str, tiles) -> None:

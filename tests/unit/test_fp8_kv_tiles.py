@@ -104,3 +104,23 @@ def test_the_engine_lays_an_fp8_caches_v_out_by_token_and_the_kernels_see_it() -
             query, fp8.k, fp8.v, tables, lens, 1.0, 16, DecodeTiles(block_n=8),
             kv_scales=(fp8.k_scale, fp8.v_scale),
         )  # fmt: skip
+
+
+def test_only_a_full_fp8_batch_read_keys_wide_takes_one_warp_programs() -> None:
+    """DecodeTiles.tile_shape: 32-token tiles in one-warp programs once one piece a (sequence, KV
+    head) fills the launch over an FP8 cache with the keys-wide tiles; 128-token tiles in four
+    warps for a bf16 cache, a launch that wants more pieces, rows-wide tiles, or pages wider
+    than the small tile (V by token needs whole pages a tile)."""
+    tiles = DECODE_TILES
+    full = tiles.splits_per_sequence(32, 8)
+    assert full == 1
+    assert tiles.tile_shape(full, True, True, 16) == (32, 1)
+    default = (tiles.block_n, tiles.num_warps)
+    assert default == (128, 4)
+    assert tiles.tile_shape(full, False, True, 16) == default  # bf16 cache
+    assert tiles.tile_shape(tiles.splits_per_sequence(31, 8), True, True, 16) == default
+    assert tiles.tile_shape(full, True, False, 16) == default  # rows-wide tiles
+    assert tiles.tile_shape(full, True, True, 64) == default  # pages of 64 tokens
+    for off in (DecodeTiles(fp8_full_batch_block_n=0), DecodeTiles(fp8_full_batch_num_warps=0)):
+        assert off.tile_shape(full, True, True, 16) == default
+    assert DecodeTiles(target_programs=0).tile_shape(1, True, True, 16) == default
