@@ -25,8 +25,9 @@ bf16 weights, as in training: `own_routing` (and `replayed_routes`) then measure
 FP8 rollouts against the bf16 policy, and `fp8_model_trainer` scores with the rounded weights,
 which isolates the kernels' share (the engine's weights are set back to bf16 after the rollout).
 With --activation-quantization fp8 or fp8-group (and --fp8-lm-head) the engine's projections
-round their inputs too (and its LM head is FP8): `fp8_model_trainer` then still rounds only the
-weights, so it holds the activations' share as well.
+round their inputs too (and its LM head is FP8; with --fp8-lm-head-input its input is rounded
+as well): `fp8_model_trainer` then still rounds only the weights, so it holds the activations'
+share as well.
 
 With --kv-cache-dtype fp8 the engine's KV cache is FP8 as well (the trainer has no cache).
 
@@ -155,6 +156,7 @@ def measure(args) -> dict:
             weight_quantization=args.weight_quantization,
             activation_quantization=args.activation_quantization,
             fp8_lm_head=args.fp8_lm_head,
+            fp8_lm_head_input=args.fp8_lm_head_input,
             kv_cache_dtype=args.kv_cache_dtype,
         ),
     )
@@ -192,6 +194,7 @@ def measure(args) -> dict:
         "weight_quantization": args.weight_quantization,
         "activation_quantization": args.activation_quantization,
         "fp8_lm_head": args.fp8_lm_head,
+        "fp8_lm_head_input": args.fp8_lm_head_input,
         "kv_cache_dtype": args.kv_cache_dtype,
         "runs": {
             name: figures(diffs, k3s, flips, args.length)
@@ -252,7 +255,8 @@ def print_report(report: dict) -> None:
         f"{report['samples']} x ({report['prompt_len']} + {report['length']}) tokens, "
         f"weights {report['weight_quantization']}, "
         f"activations {report.get('activation_quantization', 'none')}, "
-        f"FP8 LM head {report.get('fp8_lm_head', False)}, "
+        f"FP8 LM head {report.get('fp8_lm_head', False)}"
+        f"{' (its input rounded)' if report.get('fp8_lm_head_input') else ''}, "
         f"KV cache {report.get('kv_cache_dtype', 'auto')}, "
         f"rollout {report['rollout_s']:.1f} s"
     )
@@ -295,6 +299,11 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument(
         "--fp8-lm-head", action="store_true", help="with --weight-quantization fp8: the LM head too"
+    )
+    parser.add_argument(
+        "--fp8-lm-head-input",
+        action="store_true",
+        help="with --fp8-lm-head and --activation-quantization: the head's input rounded too",
     )
     parser.add_argument(
         "--kv-cache-dtype",

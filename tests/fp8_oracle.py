@@ -28,25 +28,32 @@ def expected_rounded(name: str, lm_head: bool = False) -> bool:
 
 
 def rounded_copy(
-    model: torch.nn.Module, lm_head: bool = False, input_scales: str | None = None
+    model: torch.nn.Module,
+    lm_head: bool = False,
+    input_scales: str | None = None,
+    head_input: bool = False,
 ) -> torch.nn.Module:
     """`model` with its FP8 weights; with `input_scales`, each rounded projection of the decoder
     layers also rounds its input to e4m3 with a power-of-two scale per row ("row", as
     activation_quantization="fp8" serves it) or per 128 inputs of a row ("group", as
-    "fp8-group" does)."""
+    "fp8-group" does), and with `head_input` the LM head its own (fp8_lm_head_input)."""
     rounded = copy.deepcopy(model)
     with torch.no_grad():
         for name, param in rounded.named_parameters():
             if expected_rounded(name, lm_head):
                 param.copy_(dequantize_rows(*quantize_rows(param), param.dtype))
-    return rounded if input_scales is None else with_rounded_inputs(rounded, input_scales)
+    if input_scales is None:
+        return rounded
+    return with_rounded_inputs(rounded, input_scales, head_input)
 
 
-def with_rounded_inputs(model: torch.nn.Module, input_scales: str) -> torch.nn.Module:
+def with_rounded_inputs(
+    model: torch.nn.Module, input_scales: str, head_input: bool = False
+) -> torch.nn.Module:
     """A copy of `model` whose every plain `nn.Linear` in the decoder layers but the routers
     (the projections activation_quantization covers, whatever their names) rounds its input
-    ("row" or "group", as in `rounded_copy`). Its weights are left as they are: give it the
-    engine's (`tests.model_zoo.with_weights_of`)."""
+    ("row" or "group", as in `rounded_copy`), and the LM head with `head_input`. Its weights are
+    left as they are: give it the engine's (`tests.model_zoo.with_weights_of`)."""
     from rollout.engine.model.fp8_weights import is_router
     from rollout.engine.model.loader import decoder_layers
 
@@ -56,6 +63,8 @@ def with_rounded_inputs(model: torch.nn.Module, input_scales: str) -> torch.nn.M
         for name, module in layer.named_modules():
             if type(module) is torch.nn.Linear and not is_router(name):
                 module.register_forward_pre_hook(hook)
+    if head_input:
+        copied.get_output_embeddings().register_forward_pre_hook(hook)
     return copied
 
 

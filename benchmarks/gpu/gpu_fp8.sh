@@ -42,6 +42,8 @@
 #   grpo-w8a8  the same with FP8 weights, KV cache, activations and LM head (GRPO_W8A8_EXTRA:
 #            more --engine overrides)
 #   grpo-w8a8-group  the same with the activations' scales per 128 inputs (fp8-group)
+#   grpo-w8a8-head-input  grpo-w8a8 with the FP8 LM head's input rounded too (fp8_lm_head_input)
+#   drift-head-input  that setting's drift against the bf16 trainer (Qwen3-8B shape)
 #   drift-w8a8-group  FP8 weights, activations with scales per 128 inputs and LM head against
 #            the bf16 trainer (Qwen3-8B shape)
 #   regimes-w8a8  decode steps by kernel (the top 24 kernels of each point) at a tail's and a
@@ -259,6 +261,15 @@ for part in "$@"; do
       --engine activation_quantization=fp8-group --engine fp8_lm_head=true \
       --json-out "$OUT_DIR/grpo_qwen3-8b_w8a8_group.json" \
       --plot-out "$PLOT_DIR/grpo_qwen3-8b_w8a8_group.png" ;;
+    drift-head-input) run drift_w8a8_head_input_qwen3-8b 300 benchmarks/bench_mismatch.py \
+      --shape qwen3-8b --weight-quantization fp8 --activation-quantization fp8 --fp8-lm-head \
+      --fp8-lm-head-input --samples ${SAMPLES:-4} --length ${LENGTH:-4096} \
+      --json-out "$OUT_DIR/drift_w8a8_head_input_qwen3-8b.json" ;;
+    grpo-w8a8-head-input) run grpo_qwen3-8b_w8a8_head_input 300 benchmarks/bench_rollout.py \
+      --workload grpo --modes overlap --engine weight_quantization=fp8 \
+      --engine kv_cache_dtype=fp8 --engine activation_quantization=fp8 --engine fp8_lm_head=true \
+      --engine fp8_lm_head_input=true --json-out "$OUT_DIR/grpo_qwen3-8b_w8a8_head_input.json" \
+      --plot-out "$PLOT_DIR/grpo_qwen3-8b_w8a8_head_input.png" ;;
     drift-w8a8-group) run drift_w8a8_group_head_qwen3-8b 300 benchmarks/bench_mismatch.py \
       --shape qwen3-8b --weight-quantization fp8 --activation-quantization fp8-group \
       --fp8-lm-head --samples ${SAMPLES:-4} --length ${LENGTH:-4096} \

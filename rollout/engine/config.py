@@ -108,6 +108,13 @@ class EngineConfig:
     (up to 32 rows; a head tied to the input embeddings is refused). At a few running sequences
     it is a tenth of a decode step's read (158 against 290 us on the Qwen3-8B shape); its drift to
     bf16 was not measurable beside the weights' (docs/performance.md)."""
+    fp8_lm_head_input: bool = False
+    """With fp8_lm_head and activation_quantization: the LM head rounds its input too (a row's
+    scales as the layers' projections' are), so that its GEMM at up to 128 rows reads both
+    operands as FP8, where from 33 rows the bf16 input leaves the head to cuBLAS over the bf16
+    weight (Qwen3-8B shape, one H100: 0.22-0.23 ms against 0.43-0.44 at 64-128 rows,
+    docs/performance.md). Its drift adds to the layers' (the logits' inputs are rounded):
+    `bench_mismatch.py --fp8-lm-head-input` measures it."""
     activation_quantization: str = "none"
     """"fp8", with weight_quantization="fp8": every quantized projection of the decoder layers
     rounds its input too, each row to e4m3 with a power-of-two scale of its own, at every batch
@@ -162,6 +169,14 @@ class EngineConfig:
         ):
             if on and self.weight_quantization != "fp8":
                 raise ValueError(f"{name} extends FP8 weights: it needs weight_quantization='fp8'")
+        if self.fp8_lm_head_input and not (
+            self.fp8_lm_head and self.activation_quantization != "none"
+        ):
+            raise ValueError(
+                "fp8_lm_head_input rounds the FP8 LM head's input as activation_quantization "
+                "rounds the layers' projections': it needs fp8_lm_head=True and "
+                "activation_quantization='fp8' or 'fp8-group'"
+            )
         if self.fp8_keep_unrounded and self.weight_quantization != "fp8":
             raise ValueError(
                 "fp8_keep_unrounded keeps FP8 weights' unrounded values: it needs "

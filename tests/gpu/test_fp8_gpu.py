@@ -686,6 +686,37 @@ def test_fp32_greedy_with_group_rounded_inputs_equals_transformers(monkeypatch) 
     assert counts["fp8_weights"] and not counts["fp8_activations"]
 
 
+def test_bf16_with_the_heads_input_rounded_is_the_rounded_model(monkeypatch) -> None:
+    """fp8_lm_head_input: the LM head's GEMM reads FP8 activations too (its own launches over
+    the FP8 MMA); the logprobs are the oracle's, whose head rounds its input, to bf16 precision,
+    and graphs equal eager."""
+    from rollout.kernels import triton_linear
+
+    model = tiny_model("qwen3").to("cuda", torch.bfloat16)
+    reference = rounded_copy(model, lm_head=True, input_scales="row", head_input=True)
+    widths = set()
+    launch = triton_linear.launch
+
+    def recording(x, weight, bias, y, *args, x_scale=None, **kwargs):
+        if x_scale is not None:
+            widths.add(y.shape[-1])
+        return launch(x, weight, bias, y, *args, x_scale=x_scale, **kwargs)
+
+    monkeypatch.setattr(triton_linear, "launch", recording)
+    settings = dict(
+        ROUNDED_INPUTS, dtype="bfloat16", num_kv_blocks=400, max_num_seqs=64,
+        fp8_lm_head_input=True,
+    )  # fmt: skip
+    engine = engine_for(model, ON_GPU, **settings)
+    params = SamplingParams(max_tokens=40, temperature=1.0, n=4, seed=2)
+    results = engine.generate(PROMPTS, params)
+    assert model.config.vocab_size in widths
+    diffs = logprob_differences(reference, PROMPTS, results)
+    assert diffs.median() < 0.02 and diffs.max() < 0.25, (diffs.median(), diffs.max())
+    again = engine_for(model, ON_GPU, cuda_graphs=False, **settings).generate(PROMPTS, params)
+    assert [r.token_ids for r in again] == [r.token_ids for r in results]
+
+
 @pytest.mark.parametrize("compile_model", [False, True])
 @pytest.mark.parametrize("scales", ["row", "group"])
 def test_bf16_rounded_inputs_through_the_fp8_mma_are_the_rounded_models(

@@ -240,6 +240,18 @@ def test_bench_mismatch_with_fp8_separates_the_rounding_from_the_kernels() -> No
     assert runs["replayed_routes"][0]["abs_dlogp_mean"] > 1e-3
 
 
+def test_bench_mismatch_with_the_heads_input_rounded_adds_to_the_drift() -> None:
+    """--fp8-lm-head-input: the engine's LM head rounds its input too, which the trainer with the
+    rounded weights (and unrounded inputs) does not: the run with it drifts further."""
+    common = ["--shape", "tiny", "--samples", "2", "--length", "24", "--prompt-len", "8",
+              "--weight-quantization", "fp8", "--activation-quantization", "fp8", "--fp8-lm-head"]  # fmt: skip
+    without = _script("bench_mismatch").main(common)["runs"]["fp8_model_trainer"][0]
+    report = _script("bench_mismatch").main([*common, "--fp8-lm-head-input"])
+    assert report["fp8_lm_head_input"] is True
+    with_input = report["runs"]["fp8_model_trainer"][0]
+    assert with_input["abs_dlogp_mean"] > without["abs_dlogp_mean"]
+
+
 def test_bench_mismatch_on_the_trained_checkpoint_with_an_fp8_cache() -> None:
     """--model smollm2: the built-in trained model, prompted with a chat question; with FP8
     weights and cache the engine drifts from the fp32 trainer, and against the rounded weights

@@ -29,6 +29,8 @@ SETTINGS = dict(
 W8A8 = dict(SETTINGS, activation_quantization="fp8", fp8_lm_head=True)
 # ... with a scale per 128 inputs of a row
 W8A8_GROUPS = dict(W8A8, activation_quantization="fp8-group")
+# ... and the LM head's input rounded too
+W8A8_HEAD_INPUT = dict(W8A8, fp8_lm_head_input=True)
 PROMPT_LENGTHS = (1, 4, 9, 17, 30)
 MAX_NEW = 20
 ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe"]
@@ -192,6 +194,32 @@ def test_rounded_inputs_and_head_serve_their_model_exactly(arch: str, overlap: b
     assert [r.token_ids for r in results] != [hf_greedy(weights_only, p, MAX_NEW) for p in prompts]
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_the_heads_rounded_input_serves_its_model_exactly(arch: str, overlap: bool) -> None:
+    """fp8_lm_head_input: greedy tokens and sampled logprobs are the model's whose LM head rounds
+    its input as the layers' projections do, and measurably not the one whose head does not."""
+    model = tiny_model(arch, seed=5)
+    reference = rounded_copy(model, lm_head=True, input_scales="row", head_input=True)
+    prompts = random_prompts(PROMPT_LENGTHS, seed=2)
+    engine = engine_for(model, W8A8_HEAD_INPUT, overlap=overlap)
+    results = engine.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0))
+    assert [r.token_ids for r in results] == [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+    prompt = prompts[-1]
+    [sampled] = engine.generate([prompt], SamplingParams(max_tokens=12, temperature=1.0, seed=4))
+
+    def logprobs(oracle) -> torch.Tensor:
+        with torch.no_grad():
+            logits = oracle(torch.tensor([prompt + sampled.token_ids])).logits[0]
+        every = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
+        return every.gather(1, torch.tensor(sampled.token_ids)[:, None])[:, 0]
+
+    got = torch.tensor(sampled.logprobs)
+    torch.testing.assert_close(got, logprobs(reference), rtol=1e-5, atol=1e-5)
+    head_unrounded = rounded_copy(model, lm_head=True, input_scales="row")
+    assert (got - logprobs(head_unrounded)).abs().max() > 1e-4
+
+
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 def test_group_rounded_inputs_serve_their_model_exactly(overlap: bool) -> None:
     """activation_quantization="fp8-group": the engine serves the model whose projections see
@@ -235,6 +263,9 @@ def test_fp8_extensions_need_fp8_weights_and_a_model_they_fit() -> None:
             EngineConfig(**{**SETTINGS, "weight_quantization": "none", **extra})
     with pytest.raises(ValueError, match="activation_quantization must be one of"):
         EngineConfig(**{**SETTINGS, "activation_quantization": "int8"})
+    for missing in (dict(fp8_lm_head=False), dict(activation_quantization="none")):
+        with pytest.raises(ValueError, match="fp8_lm_head_input .* needs fp8_lm_head=True"):
+            EngineConfig(**{**W8A8_HEAD_INPUT, **missing})
     for settings in (W8A8, W8A8_GROUPS):
         with pytest.raises(
             UnsupportedModelError, match="MoE experts.*activation_quantization='none'"

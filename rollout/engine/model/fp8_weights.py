@@ -20,7 +20,7 @@ rule, `torch_fp8.quantize_rows`), or with "fp8-group" each 128 consecutive input
 (`torch_fp8.quantize_groups`), so the decode GEMMs can run on the tensor cores' FP8 MMA
 (`triton_w8a8_linear.w8a8_linear`, called by `fp8_linear.py`). The model served is then the
 one whose projections see those rounded inputs, at every batch size and in prefill alike
-(exact in bf16, as the weights are).
+(exact in bf16, as the weights are); with `EngineConfig.fp8_lm_head_input`, the FP8 LM head too.
 
 Weight sync writes the bf16 values into the same parameters as without FP8; `round_all` then
 quantizes every tensor again in place on the device (LLMEngine.update_weights calls it after each
@@ -191,13 +191,14 @@ def quantize_model(
     keep_unrounded: bool = False,
     lm_head: bool = False,
     activations: str | None = None,
+    head_input: bool = False,
 ) -> Fp8Weights:
     """Give every covered weight its FP8 copy, round the weights to it, and route the forwards
     that can read it (the linears' and, through fused_experts_forward, the experts'). With
     `keep_unrounded`, each weight's values before rounding stay in host memory (pinned beside a
     GPU) for `Fp8Weights.unrounded`: the base a LoRA adapter merges into. `lm_head`: the LM head
     too; `activations` ("row" or "group", INPUT_SCALES): the decoder layers' projections round
-    their inputs (module docstring)."""
+    their inputs (module docstring), and the LM head its own with `head_input`."""
     weights = Fp8Weights()
     tensors = quantized_tensors(model, lm_head)
     clear_fp8(model)  # an earlier engine's copies go (one of a head left alone here would be stale)
@@ -207,6 +208,8 @@ def quantize_model(
         raise ValueError(
             f"quantize_model: activations is None, 'row' or 'group'; got {activations!r}"
         )
+    if head_input and not (lm_head and activations):
+        raise ValueError("quantize_model: head_input rounds the FP8 head's input like the layers'")
     if activations and experts:
         raise UnsupportedModelError(
             f"activation_quantization (FP8): {type(model).__name__}'s MoE experts ({experts[0]}, "
@@ -231,7 +234,7 @@ def quantize_model(
         weights.weights.append(Fp8Weight(name, tensor.data, q, scale, unrounded))
         # a linear's FP8 form: (e4m3 weight, its row scales, how its inputs are rounded: None,
         # "row" or "group")
-        fp8 = (q, scale, activations if module is not head else None)
+        fp8 = (q, scale, activations if module is not head or head_input else None)
         if attribute.endswith("_weight"):  # a fused projection's buffer: its forward reads this
             setattr(module, f"_fp8_{attribute.removesuffix('_weight')}", fp8)
         elif attribute == "weight":

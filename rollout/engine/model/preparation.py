@@ -88,6 +88,7 @@ def prepare_model(
             keep_unrounded=config.fp8_keep_unrounded,
             lm_head=config.fp8_lm_head,
             activations=INPUT_SCALES[config.activation_quantization],
+            head_input=config.fp8_lm_head_input,
         )
     else:
         clear_fp8(model)  # an earlier FP8 engine's copies would go stale here
