@@ -274,15 +274,17 @@ def check_fp8_kv() -> float:
         )  # fmt: skip
         worst = max(worst, _error(got, _reference(case, kv_scales=case["kv_scales"])))
     # A batch that fills the launch alone (a target of 2 programs here) over an FP8 cache: the
-    # crowded launches' 32-token tiles in one-warp programs, one piece a sequence or several.
-    for longest in (2048, 256):
-        case = with_fp8_cache(make_case([5, 130, 600, 1000], [1] * 4, 2, 4, 128, 16,
+    # crowded launches' 32-token tiles in one-warp programs, one piece a sequence or several,
+    # and a group of 2 verifying 2 tokens a sequence (4 rows: still keys-wide).
+    for longest, group, query_len in ((2048, 4, 1), (256, 4, 1), (256, 2, 2)):
+        case = with_fp8_cache(make_case([5, 130, 600, 1000], [query_len] * 4, 2, group, 128, 16,
                                         torch.float32, "cpu", seed=11))  # fmt: skip
         tiles = kernels.DecodeTiles(target_programs=2, fp8_full_batch_split_len=longest)
         assert tiles.tile_shape(1, True, True, 16) == (32, 1)
         got = kernels.decode_attention(
             case["query"], case["k_cache"], case["v_cache"], case["block_tables"],
-            case["seq_lens"], case["scale"], 1024, tiles, kv_scales=case["kv_scales"],
+            case["seq_lens"], case["scale"], 1024, tiles, query_len=query_len,
+            kv_scales=case["kv_scales"],
         )  # fmt: skip
         worst = max(worst, _error(got, _reference(case, kv_scales=case["kv_scales"])))
     return worst
