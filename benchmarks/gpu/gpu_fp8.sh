@@ -60,8 +60,9 @@
 #   attn-registers  the FP8 decode read at crowded batches (REGISTER_POINTS) in 4-warp programs
 #            of 128-token tiles, with its registers capped (DecodeTiles.max_registers 96, 80:
 #            five or six programs an SM) and not, against the default (1-warp programs)
-#   attn-crowded  the FP8 decode read from 16 to 128 sequences (CROWDED_POINTS) with the full
-#            batch's 1-warp programs of 32-token tiles (the default) and without, beside bf16
+#   attn-crowded  the FP8 decode read from 16 to 128 sequences (CROWDED_POINTS: equal contexts,
+#            and contexts drawn as grpo's, BxC~) with the full batch's 1-warp programs of
+#            32-token tiles (the default) and without, beside bf16
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out), the rollout runs' plots to $PLOT_DIR (default
 # $OUT_DIR: point it elsewhere where only a few files can be brought back); ROLLOUT_COMMIT=<sha>
@@ -210,7 +211,7 @@ for part in "$@"; do
       --json-out "$OUT_DIR/attention_regimes_fp8_kv_registers.json" ;;
     attn-crowded) LINES_SHOWN=14 run attention_regimes_fp8_kv_crowded 240 \
       benchmarks/bench_attention.py --regimes --fp8-kv \
-      --points "${CROWDED_POINTS:-16x8000,32x2000,32x5000,48x3000,64x1000,64x4096,96x1500,128x700,128x2000}" \
+      --points "${CROWDED_POINTS:-16x8000,32x2000,32x5000,48x3000,64x1000,64x4096,96x1500,128x700,128x2000,32x4000~,48x3000~,64x2500~,96x1500~,128x800~}" \
       --choices "bf16 KV;FP8 KV;FP8 KV with fp8_full_batch_block_n=0" \
       --json-out "$OUT_DIR/attention_regimes_fp8_kv_crowded.json" ;;
     tail) both grpo_tail 120 --workload grpo --prompts 2 --group-size 4 --length-max 4096 ;;

@@ -48,8 +48,9 @@ class DecodeTiles:
     max_registers: int = 0
     # Over an FP8 cache, once the batch alone fills the launch (one piece a (sequence, KV head))
     # and the keys-wide tiles serve it: tiles of this many tokens in programs of this many
-    # warps, 1-6% faster than the 4-warp 128-token tiles at 32-96 sequences ('W8A8: gate/up on
-    # torch's FP8 GEMM' in docs/performance.md); 0 keeps block_n and num_warps.
+    # warps. In grpo on one H200 they took 2-7% off the steps at 32-47 and 64-128 running and
+    # added 4% at 48-63 ('FP8: one-warp programs for crowded launches' in docs/performance.md;
+    # at equal contexts, 32-64 sequences lost); 0 keeps block_n and num_warps.
     fp8_full_batch_block_n: int = 32
     fp8_full_batch_num_warps: int = 1
 

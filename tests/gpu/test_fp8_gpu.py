@@ -689,7 +689,10 @@ def test_fp32_greedy_with_group_rounded_inputs_equals_transformers(monkeypatch) 
 def test_bf16_with_the_heads_input_rounded_is_the_rounded_model(monkeypatch) -> None:
     """fp8_lm_head_input: the LM head's GEMM reads FP8 activations too (its own launches over
     the FP8 MMA); the logprobs are the oracle's, whose head rounds its input, to bf16 precision,
-    and graphs equal eager."""
+    and graphs equal eager. The head's rounding turns a bf16 step of the final hidden state into
+    an e4m3 step where an element sits at a rounding boundary, so the median gap is about twice
+    that of the head reading bf16: 0.022-0.023 against 0.012-0.013 through the engine's torch
+    path on CPU (two seeds), 0.024 here on one H200."""
     from rollout.kernels import triton_linear
 
     model = tiny_model("qwen3").to("cuda", torch.bfloat16)
@@ -712,7 +715,7 @@ def test_bf16_with_the_heads_input_rounded_is_the_rounded_model(monkeypatch) -> 
     results = engine.generate(PROMPTS, params)
     assert model.config.vocab_size in widths
     diffs = logprob_differences(reference, PROMPTS, results)
-    assert diffs.median() < 0.02 and diffs.max() < 0.25, (diffs.median(), diffs.max())
+    assert diffs.median() < 0.04 and diffs.max() < 0.25, (diffs.median(), diffs.max())
     again = engine_for(model, ON_GPU, cuda_graphs=False, **settings).generate(PROMPTS, params)
     assert [r.token_ids for r in again] == [r.token_ids for r in results]
 
