@@ -112,8 +112,9 @@ class EngineConfig:
     """With fp8_lm_head and activation_quantization: the LM head rounds its input too (a row's
     scales as the layers' projections' are), so that its GEMM at up to 128 rows reads both
     operands as FP8, where from 33 rows the bf16 input leaves the head to cuBLAS over the bf16
-    weight (Qwen3-8B shape, one H100: 0.22-0.23 ms against 0.43-0.44 at 64-128 rows,
-    docs/performance.md). Its drift adds to the layers' (the logits' inputs are rounded):
+    weight (Qwen3-8B shape, one H100: 0.22-0.23 ms against 0.43-0.44 at 64-128 rows; grpo on
+    one H200: 0.7% faster, docs/performance.md). Its drift adds to the layers' (the logits'
+    inputs are rounded), too little to see beside theirs on the Qwen3-8B shape:
     `bench_mismatch.py --fp8-lm-head-input` measures it."""
     activation_quantization: str = "none"
     """"fp8", with weight_quantization="fp8": every quantized projection of the decoder layers
