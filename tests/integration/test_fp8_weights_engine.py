@@ -36,6 +36,14 @@ MAX_NEW = 20
 ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe"]
 
 
+def _sampled_logprobs(oracle, prompt: list[int], token_ids: list[int]) -> torch.Tensor:
+    """The log-probability `oracle` (a transformers model) gives each sampled token."""
+    with torch.no_grad():
+        logits = oracle(torch.tensor([prompt + token_ids])).logits[0]
+    every = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
+    return every.gather(1, torch.tensor(token_ids)[:, None])[:, 0]
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 def test_the_engine_serves_the_fp8_rounded_model_exactly(arch: str, overlap: bool) -> None:
@@ -207,17 +215,11 @@ def test_the_heads_rounded_input_serves_its_model_exactly(arch: str, overlap: bo
     assert [r.token_ids for r in results] == [hf_greedy(reference, p, MAX_NEW) for p in prompts]
     prompt = prompts[-1]
     [sampled] = engine.generate([prompt], SamplingParams(max_tokens=12, temperature=1.0, seed=4))
-
-    def logprobs(oracle) -> torch.Tensor:
-        with torch.no_grad():
-            logits = oracle(torch.tensor([prompt + sampled.token_ids])).logits[0]
-        every = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
-        return every.gather(1, torch.tensor(sampled.token_ids)[:, None])[:, 0]
-
     got = torch.tensor(sampled.logprobs)
-    torch.testing.assert_close(got, logprobs(reference), rtol=1e-5, atol=1e-5)
+    want = _sampled_logprobs(reference, prompt, sampled.token_ids)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     head_unrounded = rounded_copy(model, lm_head=True, input_scales="row")
-    assert (got - logprobs(head_unrounded)).abs().max() > 1e-4
+    assert (got - _sampled_logprobs(head_unrounded, prompt, sampled.token_ids)).abs().max() > 1e-4
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
@@ -239,17 +241,12 @@ def test_group_scales_are_the_model_served_not_row_scales() -> None:
     prompt = random_prompts((7,), seed=3)[0]
     engine = engine_for(model, W8A8_GROUPS)
     [result] = engine.generate([prompt], SamplingParams(max_tokens=12, temperature=1.0, seed=4))
-
-    def logprobs(reference) -> torch.Tensor:
-        with torch.no_grad():
-            logits = reference(torch.tensor([prompt + result.token_ids])).logits[0]
-        every = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
-        return every.gather(1, torch.tensor(result.token_ids)[:, None])[:, 0]
-
     got = torch.tensor(result.logprobs)
-    group = logprobs(rounded_copy(model, lm_head=True, input_scales="group"))
+    group_model = rounded_copy(model, lm_head=True, input_scales="group")
+    group = _sampled_logprobs(group_model, prompt, result.token_ids)
     torch.testing.assert_close(got, group, rtol=1e-5, atol=1e-5)
-    row = logprobs(rounded_copy(model, lm_head=True, input_scales="row"))
+    row_model = rounded_copy(model, lm_head=True, input_scales="row")
+    row = _sampled_logprobs(row_model, prompt, result.token_ids)
     assert (got - row).abs().max() > 1e-3
 
 
