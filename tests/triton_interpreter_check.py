@@ -275,12 +275,18 @@ def check_fp8_kv() -> float:
         worst = max(worst, _error(got, _reference(case, kv_scales=case["kv_scales"])))
     # A batch that fills the launch alone (a target of 2 programs here) over an FP8 cache: the
     # crowded launches' 32-token tiles in one-warp programs, one piece a sequence or several,
-    # and a group of 2 verifying 2 tokens a sequence (4 rows: still keys-wide).
-    for longest, group, query_len in ((2048, 4, 1), (256, 4, 1), (256, 2, 2)):
+    # and a group of 2 verifying 2 tokens a sequence (4 rows: still keys-wide); then one-warp
+    # launches that aim at 32 programs over the 8 pairs (4 pieces a pair wanted).
+    for longest, group, query_len, target in (
+        (2048, 4, 1, 0), (256, 4, 1, 0), (256, 2, 2, 0), (2048, 4, 1, 32),
+    ):  # fmt: skip
         case = with_fp8_cache(make_case([5, 130, 600, 1000], [query_len] * 4, 2, group, 128, 16,
                                         torch.float32, "cpu", seed=11))  # fmt: skip
-        tiles = kernels.DecodeTiles(target_programs=2, fp8_full_batch_split_len=longest)
-        assert tiles.tile_shape(1, True, True, 16) == (32, 1)
+        tiles = kernels.DecodeTiles(
+            target_programs=2, fp8_full_batch_split_len=longest,
+            fp8_one_warp_target_programs=target,
+        )  # fmt: skip
+        assert tiles.one_warp_tiles(4 * 2, True, True, 16)
         got = kernels.decode_attention(
             case["query"], case["k_cache"], case["v_cache"], case["block_tables"],
             case["seq_lens"], case["scale"], 1024, tiles, query_len=query_len,

@@ -43,6 +43,8 @@
 #            more --engine overrides)
 #   grpo-w8a8-group  the same with the activations' scales per 128 inputs (fp8-group)
 #   grpo-w8a8-head-input  grpo-w8a8 with the FP8 LM head's input rounded too (fp8_lm_head_input)
+#   grpo-one-warp-wide  grpo-w8a8-head-input with one-warp launches over an FP8 cache from 16
+#            sequences of 8 KV heads, aiming at 1,024 programs (DecodeTiles.fp8_one_warp_*)
 #   drift-head-input  that setting's drift against the bf16 trainer (Qwen3-8B shape)
 #   drift-w8a8-group  FP8 weights, activations with scales per 128 inputs and LM head against
 #            the bf16 trainer (Qwen3-8B shape)
@@ -62,7 +64,8 @@
 #            five or six programs an SM) and not, against the default (1-warp programs)
 #   attn-crowded  the FP8 decode read from 16 to 128 sequences (CROWDED_POINTS: equal contexts,
 #            and contexts drawn as grpo's, BxC~) with the full batch's 1-warp programs of
-#            32-token tiles (the default) and without, beside bf16
+#            32-token tiles (the default), without, and from 16 sequences aiming at 1,024
+#            programs, beside bf16
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out), the rollout runs' plots to $PLOT_DIR (default
 # $OUT_DIR: point it elsewhere where only a few files can be brought back); ROLLOUT_COMMIT=<sha>
@@ -212,7 +215,7 @@ for part in "$@"; do
     attn-crowded) LINES_SHOWN=14 run attention_regimes_fp8_kv_crowded 240 \
       benchmarks/bench_attention.py --regimes --fp8-kv \
       --points "${CROWDED_POINTS:-16x8000,32x2000,32x5000,48x3000,64x1000,64x4096,96x1500,128x700,128x2000,32x4000~,48x3000~,64x2500~,96x1500~,128x800~}" \
-      --choices "bf16 KV;FP8 KV;FP8 KV with fp8_full_batch_block_n=0" \
+      --choices "bf16 KV;FP8 KV;FP8 KV with fp8_full_batch_block_n=0;FP8 KV with fp8_one_warp_min_pairs=128,fp8_one_warp_target_programs=1024" \
       --json-out "$OUT_DIR/attention_regimes_fp8_kv_crowded.json" ;;
     tail) both grpo_tail 120 --workload grpo --prompts 2 --group-size 4 --length-max 4096 ;;
     moe) run moe_experts 90 benchmarks/bench_moe.py --tokens ${MOE_TOKENS:-1,8,32,128} \
@@ -257,6 +260,13 @@ for part in "$@"; do
         --engine weight_quantization=fp8 --engine kv_cache_dtype=fp8 \
         --engine activation_quantization=fp8 --engine fp8_lm_head=true ${GRPO_W8A8_EXTRA:-} \
         --json-out "$OUT_DIR/grpo_qwen3-8b_w8a8.json" --plot-out "$PLOT_DIR/grpo_qwen3-8b_w8a8.png" ;;
+    grpo-one-warp-wide) run grpo_qwen3-8b_one_warp_wide 300 benchmarks/bench_rollout.py \
+      --workload grpo --modes overlap --engine weight_quantization=fp8 \
+      --engine kv_cache_dtype=fp8 --engine activation_quantization=fp8 --engine fp8_lm_head=true \
+      --engine fp8_lm_head_input=true --decode-tiles fp8_one_warp_min_pairs=128 \
+      --decode-tiles fp8_one_warp_target_programs=1024 \
+      --json-out "$OUT_DIR/grpo_qwen3-8b_one_warp_wide.json" \
+      --plot-out "$PLOT_DIR/grpo_qwen3-8b_one_warp_wide.png" ;;
     grpo-w8a8-group) run grpo_qwen3-8b_w8a8_group 240 benchmarks/bench_rollout.py --workload grpo \
       --modes overlap --engine weight_quantization=fp8 --engine kv_cache_dtype=fp8 \
       --engine activation_quantization=fp8-group --engine fp8_lm_head=true \

@@ -53,6 +53,13 @@ class DecodeTiles:
     # at equal contexts, 32-64 sequences lost); 0 keeps block_n and num_warps.
     fp8_full_batch_block_n: int = 32
     fp8_full_batch_num_warps: int = 1
+    # Where those one-warp tiles start, in (sequence, KV head) pairs a launch, and how many
+    # programs such a launch aims at (several pieces a pair below it, each of up to
+    # fp8_full_batch_split_len tokens). 0 takes target_programs for either: from the batch that
+    # fills the launch alone, one piece a pair. For benchmarks: one-warp launches of more,
+    # shorter pieces where four-warp ones leave the SMs few warps.
+    fp8_one_warp_min_pairs: int = 0
+    fp8_one_warp_target_programs: int = 0
 
     def __post_init__(self) -> None:
         if self.merge_pairs < 1 or self.merge_pairs & (self.merge_pairs - 1):
@@ -76,27 +83,43 @@ class DecodeTiles:
             return max(self.split_len, self.fp8_full_batch_split_len)
         return self.split_len
 
-    def tile_shape(
-        self, splits_wanted: int, fp8_kv: bool, keys_wide: bool, page: int
-    ) -> tuple[int, int]:
-        """(tokens a KV tile, warps a program) of a launch: the FP8 full-batch tiles where they
-        apply and hold whole pages of `page` tokens, else block_n and num_warps."""
-        crowded = self.target_programs and splits_wanted == 1
+    def one_warp_tiles(self, pairs: int, fp8_kv: bool, keys_wide: bool, page: int) -> bool:
+        """Whether a launch over `pairs` (sequence, KV head) pairs takes the FP8 full-batch tiles
+        (`fp8_full_batch_block_n` tokens, `fp8_full_batch_num_warps` warps): an FP8 cache read
+        keys-wide, tiles that hold whole pages of `page` tokens, enough pairs."""
         small = self.fp8_full_batch_block_n
-        if fp8_kv and keys_wide and crowded and small and self.fp8_full_batch_num_warps:
-            if page <= small:
-                return small, self.fp8_full_batch_num_warps
+        if not (fp8_kv and keys_wide and self.target_programs and small):
+            return False
+        from_pairs = self.fp8_one_warp_min_pairs or self.target_programs
+        return bool(self.fp8_full_batch_num_warps) and page <= small and pairs >= from_pairs
+
+    def tile_shape(self, one_warp: bool) -> tuple[int, int]:
+        """(tokens a KV tile, warps a program) of a launch (`one_warp_tiles`)."""
+        if one_warp:
+            return self.fp8_full_batch_block_n, self.fp8_full_batch_num_warps
         return self.block_n, self.num_warps
 
     def pieces(
-        self, num_seqs: int, num_kv_heads: int, max_visible: int, fp8_kv: bool = False
+        self,
+        num_seqs: int,
+        num_kv_heads: int,
+        max_visible: int,
+        fp8_kv: bool = False,
+        one_warp: bool = False,
     ) -> tuple[int, int, int]:
         """(pieces each (sequence, KV head) aims at, the longest piece, the grid's depth: the
-        most pieces a visible context of up to `max_visible` positions is cut into)."""
-        splits_wanted = self.splits_per_sequence(num_seqs, num_kv_heads)
-        split_len = self.longest_piece(splits_wanted, fp8_kv)
+        most pieces a visible context of up to `max_visible` positions is cut into), for a
+        launch of the default tiles or of the one-warp ones (`one_warp_tiles`)."""
+        if one_warp:
+            target = self.fp8_one_warp_target_programs or self.target_programs
+            splits_wanted = max(1, -(-target // (max(num_seqs, 1) * num_kv_heads)))
+            split_len = self.longest_piece(1, fp8_kv)
+        else:
+            splits_wanted = self.splits_per_sequence(num_seqs, num_kv_heads)
+            split_len = self.longest_piece(splits_wanted, fp8_kv)
+        tile = self.tile_shape(one_warp)[0]
         depth = max(splits_wanted, -(-max_visible // split_len))
-        return splits_wanted, split_len, max(1, min(depth, -(-max_visible // self.block_n)))
+        return splits_wanted, split_len, max(1, min(depth, -(-max_visible // tile)))
 
 
 # The most query rows (a KV head's group x the step's query tokens) the keys-wide tiles take:

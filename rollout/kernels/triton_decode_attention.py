@@ -250,8 +250,13 @@ def decode_attention(
     max_visible = max_seq_len_static
     if window is not None:
         max_visible = min(max_seq_len_static, window + query_len - 1)
+    rows = group * query_len
+    keys_wide = kv_scales is not None and bool(tiles.fp8_keys_wide) and rows <= KEYS_WIDE_MAX_ROWS
+    one_warp = tiles.one_warp_tiles(
+        num_seqs * num_kv_heads, kv_scales is not None, keys_wide, k_cache.shape[1]
+    )
     splits_wanted, split_len, num_splits = tiles.pieces(
-        num_seqs, num_kv_heads, max_visible, kv_scales is not None
+        num_seqs, num_kv_heads, max_visible, kv_scales is not None, one_warp
     )
     part_out = torch.empty(
         num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device
@@ -266,14 +271,10 @@ def decode_attention(
             "once eagerly on the capture stream first (the graph runner's warm-up does)"
         )
     out = torch.empty_like(query)
-    rows = group * query_len
     merge_rows = max(2, triton.next_power_of_2(rows))
     k_f16 = fp16_keys(query, kv_scales is not None)
-    keys_wide = kv_scales is not None and bool(tiles.fp8_keys_wide) and rows <= KEYS_WIDE_MAX_ROWS
     by_token = reads_v_by_token(k_cache, v_cache, kv_scales is not None)
-    block_n, num_warps = tiles.tile_shape(
-        splits_wanted, kv_scales is not None, keys_wide, k_cache.shape[1]
-    )
+    block_n, num_warps = tiles.tile_shape(one_warp)
     if by_token and block_n < k_cache.shape[1]:
         raise ValueError(
             f"decode_attention: tiles of {block_n} tokens over pages of {k_cache.shape[1]} "

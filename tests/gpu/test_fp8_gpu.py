@@ -410,8 +410,19 @@ def test_fp8_kernels_give_the_same_bits_widening_either_way() -> None:
         dict(target_programs=8),
         dict(target_programs=8, fp8_full_batch_split_len=512),
         dict(target_programs=8, fp8_full_batch_block_n=0),
+        dict(target_programs=8, fp8_one_warp_target_programs=64),
     ],
-    ids=["default", "2w", "8w", "1024", "rows-wide", "full-1w", "full-1w-merged", "full-4w"],
+    ids=[
+        "default",
+        "2w",
+        "8w",
+        "1024",
+        "rows-wide",
+        "full-1w",
+        "full-1w-merged",
+        "full-4w",
+        "1w-more-programs",
+    ],
 )
 @pytest.mark.parametrize("choice", ["fp16 K", "bf16"])
 def test_an_fp8_cache_is_read_within_bf16s_rounding(choice: str, tiles) -> None:

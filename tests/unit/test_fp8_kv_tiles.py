@@ -107,20 +107,53 @@ def test_the_engine_lays_an_fp8_caches_v_out_by_token_and_the_kernels_see_it() -
 
 
 def test_only_a_full_fp8_batch_read_keys_wide_takes_one_warp_programs() -> None:
-    """DecodeTiles.tile_shape: 32-token tiles in one-warp programs once one piece a (sequence, KV
-    head) fills the launch over an FP8 cache with the keys-wide tiles; 128-token tiles in four
-    warps for a bf16 cache, a launch that wants more pieces, rows-wide tiles, or pages wider
-    than the small tile (V by token needs whole pages a tile)."""
+    """DecodeTiles.one_warp_tiles and tile_shape: 32-token tiles in one-warp programs once one
+    piece a (sequence, KV head) fills the launch over an FP8 cache with the keys-wide tiles;
+    128-token tiles in four warps for a bf16 cache, a launch that wants more pieces, rows-wide
+    tiles, or pages wider than the small tile (V by token needs whole pages a tile)."""
     tiles = DECODE_TILES
-    full = tiles.splits_per_sequence(32, 8)
-    assert full == 1
-    assert tiles.tile_shape(full, True, True, 16) == (32, 1)
+    full = 32 * 8
+    assert tiles.splits_per_sequence(32, 8) == 1
+    assert tiles.one_warp_tiles(full, True, True, 16)
+    assert tiles.tile_shape(True) == (32, 1)
     default = (tiles.block_n, tiles.num_warps)
-    assert default == (128, 4)
-    assert tiles.tile_shape(full, False, True, 16) == default  # bf16 cache
-    assert tiles.tile_shape(tiles.splits_per_sequence(31, 8), True, True, 16) == default
-    assert tiles.tile_shape(full, True, False, 16) == default  # rows-wide tiles
-    assert tiles.tile_shape(full, True, True, 64) == default  # pages of 64 tokens
+    assert tiles.tile_shape(False) == default == (128, 4)
+    assert not tiles.one_warp_tiles(full, False, True, 16)  # bf16 cache
+    assert not tiles.one_warp_tiles(31 * 8, True, True, 16)  # several pieces a pair wanted
+    assert not tiles.one_warp_tiles(full, True, False, 16)  # rows-wide tiles
+    assert not tiles.one_warp_tiles(full, True, True, 64)  # pages of 64 tokens
     for off in (DecodeTiles(fp8_full_batch_block_n=0), DecodeTiles(fp8_full_batch_num_warps=0)):
-        assert off.tile_shape(full, True, True, 16) == default
-    assert DecodeTiles(target_programs=0).tile_shape(1, True, True, 16) == default
+        assert not off.one_warp_tiles(full, True, True, 16)
+    assert not DecodeTiles(target_programs=0).one_warp_tiles(full, True, True, 16)
+
+
+def test_the_one_warp_knobs_at_zero_launch_as_the_full_batch_rule() -> None:
+    """fp8_one_warp_min_pairs and fp8_one_warp_target_programs at 0 (the defaults): every launch
+    over 1-160 sequences of 1-8 KV heads takes the tiles, pieces and grid of the rule they
+    generalize (one-warp tiles exactly where one piece a pair is wanted)."""
+    tiles = DECODE_TILES
+    assert tiles.fp8_one_warp_min_pairs == tiles.fp8_one_warp_target_programs == 0
+    for seqs in range(1, 161):
+        for heads in (1, 2, 4, 8):
+            for visible in (100, 4096, 40000):
+                old_wanted = tiles.splits_per_sequence(seqs, heads)
+                old = (old_wanted, tiles.longest_piece(old_wanted, True))
+                old_depth = max(old_wanted, -(-visible // old[1]))
+                old += (max(1, min(old_depth, -(-visible // tiles.block_n))),)
+                one_warp = tiles.one_warp_tiles(seqs * heads, True, True, 16)
+                assert one_warp == (old_wanted == 1)
+                assert tiles.pieces(seqs, heads, visible, True, one_warp) == old
+
+
+def test_one_warp_launches_may_aim_at_more_programs_from_fewer_pairs() -> None:
+    """With fp8_one_warp_min_pairs and fp8_one_warp_target_programs set, one-warp launches start
+    at that many pairs and cut each pair's context into pieces (of up to the full batch's
+    2,048 tokens) until the launch has the programs it aims at."""
+    tiles = DecodeTiles(fp8_one_warp_min_pairs=128, fp8_one_warp_target_programs=1024)
+    assert not tiles.one_warp_tiles(15 * 8, True, True, 16)
+    assert tiles.one_warp_tiles(16 * 8, True, True, 16)
+    assert tiles.pieces(16, 8, 16384, True, True) == (8, 2048, 8)
+    assert tiles.pieces(32, 8, 16384, True, True) == (4, 2048, 8)
+    assert tiles.pieces(32, 8, 100, True, True) == (4, 2048, 4)  # pieces of one 32-token tile
+    assert tiles.pieces(128, 8, 16384, True, True) == (1, 2048, 8)
+    assert tiles.pieces(32, 8, 16384, True, False) == (1, 2048, 8)  # four-warp: as before
