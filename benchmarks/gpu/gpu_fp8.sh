@@ -66,6 +66,11 @@
 #            and contexts drawn as grpo's, BxC~) with the full batch's 1-warp programs of
 #            32-token tiles (the default), without, and from 16 sequences aiming at 1,024
 #            programs, beside bf16
+#   attn-one-warp-registers  the same points with the 1-warp programs' registers capped
+#            (DecodeTiles.fp8_one_warp_max_registers 128 and 104: 16 and 19 programs an SM,
+#            where uncapped they take 151-159 registers, 12 an SM), also from 16 sequences
+#   grpo-one-warp-registers  grpo-w8a8-head-input with the 1-warp programs' registers capped at
+#            ONE_WARP_REGISTERS (default 128)
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out), the rollout runs' plots to $PLOT_DIR (default
 # $OUT_DIR: point it elsewhere where only a few files can be brought back); ROLLOUT_COMMIT=<sha>
@@ -217,6 +222,18 @@ for part in "$@"; do
       --points "${CROWDED_POINTS:-16x8000,32x2000,32x5000,48x3000,64x1000,64x4096,96x1500,128x700,128x2000,32x4000~,48x3000~,64x2500~,96x1500~,128x800~}" \
       --choices "bf16 KV;FP8 KV;FP8 KV with fp8_full_batch_block_n=0;FP8 KV with fp8_one_warp_min_pairs=128,fp8_one_warp_target_programs=1024" \
       --json-out "$OUT_DIR/attention_regimes_fp8_kv_crowded.json" ;;
+    attn-one-warp-registers) LINES_SHOWN=16 run attention_regimes_fp8_kv_one_warp_registers 240 \
+      benchmarks/bench_attention.py --regimes --fp8-kv \
+      --points "${CROWDED_POINTS:-16x8000,32x2000,32x5000,48x3000,64x1000,64x4096,96x1500,128x700,128x2000,32x4000~,48x3000~,64x2500~,96x1500~,128x800~}" \
+      --choices "bf16 KV;FP8 KV;FP8 KV with fp8_one_warp_max_registers=128;FP8 KV with fp8_one_warp_max_registers=104;FP8 KV with fp8_full_batch_block_n=0;FP8 KV with fp8_one_warp_min_pairs=128,fp8_one_warp_target_programs=1024,fp8_one_warp_max_registers=128" \
+      --json-out "$OUT_DIR/attention_regimes_fp8_kv_one_warp_registers.json" ;;
+    grpo-one-warp-registers) run grpo_qwen3-8b_one_warp_registers 300 benchmarks/bench_rollout.py \
+      --workload grpo --modes overlap --engine weight_quantization=fp8 \
+      --engine kv_cache_dtype=fp8 --engine activation_quantization=fp8 --engine fp8_lm_head=true \
+      --engine fp8_lm_head_input=true \
+      --decode-tiles fp8_one_warp_max_registers=${ONE_WARP_REGISTERS:-128} \
+      --json-out "$OUT_DIR/grpo_qwen3-8b_one_warp_registers.json" \
+      --plot-out "$PLOT_DIR/grpo_qwen3-8b_one_warp_registers.png" ;;
     tail) both grpo_tail 120 --workload grpo --prompts 2 --group-size 4 --length-max 4096 ;;
     moe) run moe_experts 90 benchmarks/bench_moe.py --tokens ${MOE_TOKENS:-1,8,32,128} \
       --json-out "$OUT_DIR/moe_experts.json" ;;

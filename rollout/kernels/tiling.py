@@ -60,6 +60,11 @@ class DecodeTiles:
     # shorter pieces where four-warp ones leave the SMs few warps.
     fp8_one_warp_min_pairs: int = 0
     fp8_one_warp_target_programs: int = 0
+    # A cap on the one-warp launches' registers a thread (Triton's maxnreg; 0: max_registers').
+    # Compiled for sm_90 they take 151-159 registers, so 12 programs share an SM; at 128, which
+    # they compile to without spills, 16 do, and read 11-14% slower at 64-128 equal contexts
+    # (docs/performance.md, 'FP8 KV: more one-warp programs an SM'). For benchmarks.
+    fp8_one_warp_max_registers: int = 0
 
     def __post_init__(self) -> None:
         if self.merge_pairs < 1 or self.merge_pairs & (self.merge_pairs - 1):
@@ -98,6 +103,12 @@ class DecodeTiles:
         if one_warp:
             return self.fp8_full_batch_block_n, self.fp8_full_batch_num_warps
         return self.block_n, self.num_warps
+
+    def register_cap(self, one_warp: bool) -> int:
+        """Registers a thread a launch may use (0: the compiler's choice)."""
+        if one_warp and self.fp8_one_warp_max_registers:
+            return self.fp8_one_warp_max_registers
+        return self.max_registers
 
     def pieces(
         self,

@@ -149,6 +149,88 @@ def load_kv_tile(
 
 
 @triton.jit
+def tile_pages(block_table_ptr, offs, n_mask, PAGE: tl.constexpr):
+    """The cache page of each context position `offs` (page 0 where `n_mask` is off), from the
+    sequence's block-table row at `block_table_ptr`."""
+    # offs >= 0: unsigned, so the page is a shift, not a signed division.
+    return tl.load(block_table_ptr + offs.to(tl.uint32) // PAGE, mask=n_mask, other=0)
+
+
+@triton.jit
+def load_kv_bytes(
+    k_cache_ptr, v_cache_ptr, page, offs, n_mask, d, d_mask, kv_head,
+    stride_cblock, stride_cslot, stride_chead, PAGE: tl.constexpr,
+    k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, FP8_KV: tl.constexpr,
+    V_BY_TOKEN: tl.constexpr, HEAD_DIM: tl.constexpr, live,
+):  # fmt: skip
+    """The cache's K and V at context positions `offs` on their pages `page` (`tile_pages`) as
+    stored (an FP8 cache's bytes, not widened) and their (token, head) scales: the loads of
+    `load_kv_tile`, which a loop can issue a tile ahead of the arithmetic on them. `live` (a
+    scalar, or None: always) off loads nothing (a tile past the piece: zeros), without breaking
+    the vector loads as a mask along the tokens would.
+
+    With V_BY_TOKEN, V's pages hold each (head, dim)'s tokens side by side ([block, head, dim,
+    slot] in memory, `torch_paged_attention.v_by_token`; `offs` must start at a page's start):
+    runs of PAGE tokens load as vectors and widen straight into the MMA's operand layout, as K
+    does along its dims. They load unmasked along the tokens (a masked load would not
+    vectorize), so the slots of the last page past the context are read too. Without an FP8
+    cache the scales are never used (and compiled away)."""
+    slot = (offs.to(tl.uint32) % PAGE).to(tl.int32)  # offs >= 0: a mask, not a signed remainder
+    row = page_start(page, stride_cblock) + (slot * stride_cslot + kv_head * stride_chead)
+    # K loads unmasked along the tokens: a score past the context is masked (-inf) by the caller
+    # whatever its key holds, and a page past the sequence's reads as page 0 (the table's load
+    # is masked), so every address stays inside the cache.
+    along_d = d_mask
+    if live is not None:  # widened to d's shape first: the CPU interpreter takes no scalar mask
+        along_d = d_mask & (tl.full(d_mask.shape, 1, tl.int1) & live)
+    k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=along_d[None, :], other=0.0)
+    if V_BY_TOKEN:
+        slot = tl.max_contiguous(tl.multiple_of(slot, PAGE), PAGE)
+        v_page = tl.max_constancy(page, PAGE)
+        v_row = page_start(v_page, stride_cblock) + (kv_head * (PAGE * HEAD_DIM) + slot)
+        v = tl.load(
+            v_cache_ptr + v_row[:, None] + d[None, :] * PAGE,
+            mask=along_d[None, :],
+            other=0.0,
+        )
+    else:
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    if FP8_KV:
+        scale_row = page_start(page, stride_sblock) + (slot * stride_sslot + kv_head)
+        k_scale = tl.load(k_scale_ptr + scale_row, mask=n_mask, other=0.0)
+        v_scale = tl.load(v_scale_ptr + scale_row, mask=n_mask, other=0.0)
+    else:
+        k_scale = n_mask.to(tl.float32)
+        v_scale = k_scale
+    return k, v, k_scale, v_scale
+
+
+@triton.jit
+def widen_kv_tile(
+    k, v, n_mask, like_ptr, FP8_KV: tl.constexpr, FAST_WIDEN: tl.constexpr,
+    K_F16: tl.constexpr, V_BY_TOKEN: tl.constexpr,
+):  # fmt: skip
+    """`load_kv_bytes`' K and V as the MMAs take them. An FP8 cache's bytes are widened into
+    `like_ptr`'s dtype (K into fp16 with K_F16) unscaled: the caller multiplies the scores by
+    the K scales (`scale_scores`) and the probabilities by the V scales (`fold_tile`), a few
+    multiplies a token instead of three conversions an element, and exact as the scales are
+    powers of two."""
+    if FP8_KV:
+        # In the MMA's operand layout (not where loaded) either way: Triton then lays the score
+        # dot out alike for the integer widening and its cast, so both sum in one order.
+        k_type: tl.constexpr = tl.float16 if K_F16 else like_ptr.dtype.element_ty
+        k = widen_e4m3(k, k_type, FAST_WIDEN, not V_BY_TOKEN)
+        v = widen_e4m3(v, like_ptr.dtype.element_ty, FAST_WIDEN, not V_BY_TOKEN)
+        if V_BY_TOKEN and not FAST_WIDEN:
+            # Loaded unmasked: past the context lie another sequence's leftovers, whose weight
+            # is 0, but 0 x NaN is NaN. The integer widening turns every byte into a finite
+            # value (e4m3's NaN reads as 480); Triton's cast does not.
+            v = tl.where(n_mask[:, None], v, 0.0)
+    return k, v
+
+
+@triton.jit
 def query_for_tiles(q, K_F16: tl.constexpr):
     """(q as the score dot takes it, each row's factor back [rows]). With K_F16 each row of
     `q` times the power of two that brings its largest magnitude into [2^14, 2^15), in fp16:

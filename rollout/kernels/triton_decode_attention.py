@@ -302,6 +302,6 @@ def decode_attention(
         HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
         V_BY_TOKEN=by_token, KEYS_WIDE=keys_wide,
         num_warps=num_warps, num_stages=tiles.num_stages,
-        **({"maxnreg": tiles.max_registers} if tiles.max_registers else {}),
+        **({"maxnreg": cap} if (cap := tiles.register_cap(one_warp)) else {}),
     )  # fmt: skip
     return out

@@ -411,6 +411,7 @@ def test_fp8_kernels_give_the_same_bits_widening_either_way() -> None:
         dict(target_programs=8, fp8_full_batch_split_len=512),
         dict(target_programs=8, fp8_full_batch_block_n=0),
         dict(target_programs=8, fp8_one_warp_target_programs=64),
+        dict(target_programs=8, fp8_one_warp_max_registers=128),
     ],
     ids=[
         "default",
@@ -422,6 +423,7 @@ def test_fp8_kernels_give_the_same_bits_widening_either_way() -> None:
         "full-1w-merged",
         "full-4w",
         "1w-more-programs",
+        "1w-128-registers",
     ],
 )
 @pytest.mark.parametrize("choice", ["fp16 K", "bf16"])

@@ -157,3 +157,14 @@ def test_one_warp_launches_may_aim_at_more_programs_from_fewer_pairs() -> None:
     assert tiles.pieces(32, 8, 100, True, True) == (4, 2048, 4)  # pieces of one 32-token tile
     assert tiles.pieces(128, 8, 16384, True, True) == (1, 2048, 8)
     assert tiles.pieces(32, 8, 16384, True, False) == (1, 2048, 8)  # four-warp: as before
+
+
+def test_the_one_warp_launches_may_have_a_register_cap_of_their_own() -> None:
+    """DecodeTiles.register_cap: fp8_one_warp_max_registers caps the one-warp launches alone;
+    every other launch keeps max_registers (0 at both: the compiler's choice)."""
+    assert DECODE_TILES.register_cap(True) == DECODE_TILES.register_cap(False) == 0
+    capped = DecodeTiles(fp8_one_warp_max_registers=128)
+    assert (capped.register_cap(True), capped.register_cap(False)) == (128, 0)
+    both = DecodeTiles(fp8_one_warp_max_registers=128, max_registers=96)
+    assert (both.register_cap(True), both.register_cap(False)) == (128, 96)
+    assert DecodeTiles(max_registers=96).register_cap(True) == 96
