@@ -72,11 +72,13 @@ class DecodeTiles:
                 f"DecodeTiles.merge_pairs must be a power of two; got {self.merge_pairs}"
             )
 
-    def splits_per_sequence(self, num_seqs: int, num_kv_heads: int) -> int:
-        """How many pieces each (sequence, KV head) aims at for a batch of `num_seqs`."""
-        if not self.target_programs:
+    def splits_per_sequence(self, num_seqs: int, num_kv_heads: int, target: int = -1) -> int:
+        """How many pieces each (sequence, KV head) aims at for a batch of `num_seqs`, in a
+        launch that aims at `target` programs (target_programs where not given; 0: one)."""
+        target = self.target_programs if target < 0 else target
+        if not target:
             return 1
-        return max(1, -(-self.target_programs // (max(num_seqs, 1) * num_kv_heads)))
+        return max(1, -(-target // (max(num_seqs, 1) * num_kv_heads)))
 
     def longest_piece(self, splits_wanted: int, fp8_kv: bool = False) -> int:
         """The longest piece one program reads, given the pieces each sequence aims at."""
@@ -123,7 +125,7 @@ class DecodeTiles:
         launch of the default tiles or of the one-warp ones (`one_warp_tiles`)."""
         if one_warp:
             target = self.fp8_one_warp_target_programs or self.target_programs
-            splits_wanted = max(1, -(-target // (max(num_seqs, 1) * num_kv_heads)))
+            splits_wanted = self.splits_per_sequence(num_seqs, num_kv_heads, target)
             split_len = self.longest_piece(1, fp8_kv)
         else:
             splits_wanted = self.splits_per_sequence(num_seqs, num_kv_heads)
