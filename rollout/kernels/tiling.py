@@ -62,7 +62,7 @@ class DecodeTiles:
     fp8_one_warp_target_programs: int = 0
     # A cap on the one-warp launches' registers a thread (Triton's maxnreg; 0: max_registers').
     # Compiled for sm_90 they take 151-159 registers, so 12 programs share an SM; at 128, which
-    # they compile to without spills, 16 do, and read 11-14% slower at 64-128 equal contexts
+    # they compile to without spills, 16 do, and read 13-14% slower at 64-128 equal contexts
     # (docs/performance.md, 'FP8 KV: more one-warp programs an SM'). For benchmarks.
     fp8_one_warp_max_registers: int = 0
 
@@ -72,10 +72,12 @@ class DecodeTiles:
                 f"DecodeTiles.merge_pairs must be a power of two; got {self.merge_pairs}"
             )
 
-    def splits_per_sequence(self, num_seqs: int, num_kv_heads: int, target: int = -1) -> int:
+    def splits_per_sequence(
+        self, num_seqs: int, num_kv_heads: int, target: int | None = None
+    ) -> int:
         """How many pieces each (sequence, KV head) aims at for a batch of `num_seqs`, in a
-        launch that aims at `target` programs (target_programs where not given; 0: one)."""
-        target = self.target_programs if target < 0 else target
+        launch that aims at `target` programs (target_programs where None; 0: one)."""
+        target = self.target_programs if target is None else target
         if not target:
             return 1
         return max(1, -(-target // (max(num_seqs, 1) * num_kv_heads)))
