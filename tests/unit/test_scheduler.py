@@ -957,6 +957,35 @@ def test_property_speculation_emits_the_tokens_of_plain_steps(workload, overlap)
     assert stats.emitted == stats.verifications + stats.accepted
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_recompute_cut_to_one_token_by_the_budget_is_a_chunk_not_a_decode_token(overlap):
+    """A sample recomputed after preemption, its prompt's blocks cached, whose next chunk the
+    step's token budget cuts to one token: it still has generated tokens after that one, so it
+    goes through add_chunk, not the decode token's short path (the case the speculation
+    property found); its tokens are those of plain steps."""
+    harness = dict(
+        num_blocks=11, block_size=2, max_num_seqs=3, max_num_batched_tokens=3,
+        max_model_len=17, eos=frozenset({0}), seed=0, vocab=8, prefix_caching=True,
+        tokens_by_position=True,
+    )  # fmt: skip
+
+    def requests():
+        group = Request("r0", [0] * 7, SamplingParams(max_tokens=10, n=3, ignore_eos=True), 0)
+        singles = [Request(f"r{i}", [0], SamplingParams(max_tokens=1), 0) for i in range(1, 5)]
+        return [group, *singles]
+
+    plain = Harness(**harness)
+    plain.run(requests(), overlap)
+    h = Harness(**harness, speculative_tokens=1, speculative_max_seqs=2, speculation_max_pause=0)
+    h.run(requests(), overlap)
+    assert {k: v.token_ids for k, v in h.results.items()} == {
+        k: v.token_ids for k, v in plain.results.items()
+    }
+    assert len(h.results) == 7 and all(
+        len(v.token_ids) == 10 for k, v in h.results.items() if k[0] == "r0"
+    )
+
+
 def _fields(h: Harness) -> dict:
     names = ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
              "max_model_len", "eos", "seed", "tokens_by_position")  # fmt: skip

@@ -177,7 +177,8 @@ class Scheduler:
                     continue
             num_new = min(num_tokens - start, budget)
             if num_new == 1 and writes_in_place(seq.block_table, start):
-                if start >= len(seq.prompt_token_ids):
+                # A generated token and the last one: not a recompute's chunk the budget cut to 1
+                if start >= len(seq.prompt_token_ids) and num_tokens == start + 1:
                     add_decode_token(plan, seq, start)  # the common case, kept short
                     budget -= 1
                     in_step.add(seq.seq_id)
