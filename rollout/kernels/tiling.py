@@ -65,6 +65,12 @@ class DecodeTiles:
     # they compile to without spills, 16 do, and read 13-14% slower at 64-128 equal contexts
     # (docs/performance.md, 'FP8 KV: more one-warp programs an SM'). For benchmarks.
     fp8_one_warp_max_registers: int = 0
+    # Software-pipeline stages of the one-warp launches (0: num_stages'). Triton gives the
+    # block table's load a stage of its own, so 3 or 4 stages keep one K/V buffer: a tile's
+    # copies are issued as the tile before it ends and waited for as it starts. 5 keep two
+    # (18 KB of shared memory a program: 11 programs an SM, where their registers allow 12),
+    # so each tile's copies are in flight a whole tile ahead; 7 keep three (27 KB, 8 an SM).
+    fp8_one_warp_num_stages: int = 5
 
     def __post_init__(self) -> None:
         if self.merge_pairs < 1 or self.merge_pairs & (self.merge_pairs - 1):
@@ -107,6 +113,12 @@ class DecodeTiles:
         if one_warp:
             return self.fp8_full_batch_block_n, self.fp8_full_batch_num_warps
         return self.block_n, self.num_warps
+
+    def stages(self, one_warp: bool) -> int:
+        """Software-pipeline stages of a launch (`one_warp_tiles`)."""
+        if one_warp and self.fp8_one_warp_num_stages:
+            return self.fp8_one_warp_num_stages
+        return self.num_stages
 
     def register_cap(self, one_warp: bool) -> int:
         """Registers a thread a launch may use (0: the compiler's choice)."""

@@ -301,7 +301,7 @@ def decode_attention(
         DOT_PRECISION=dot_precision(query), HAS_WINDOW=window is not None,
         HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
         V_BY_TOKEN=by_token, KEYS_WIDE=keys_wide,
-        num_warps=num_warps, num_stages=tiles.num_stages,
+        num_warps=num_warps, num_stages=tiles.stages(one_warp),
         **({"maxnreg": cap} if (cap := tiles.register_cap(one_warp)) else {}),
     )  # fmt: skip
     return out
