@@ -29,7 +29,8 @@
 #            tokens (the default) then up to 1,024 (about 6 minutes on one H200)
 #   profile-kv  one decode attention launch over an FP8 cache (PROFILE_POINT, default 64x4096)
 #            under Nsight Compute (ncu) for each of PROFILE_CHOICES (bench_attention's names,
-#            ';'-separated), and its instructions by opcode (benchmarks/sass_mix.py)
+#            ';'-separated), its instructions by opcode (benchmarks/sass_mix.py) and the
+#            profile's details (throughputs, occupancy, stalls) as CSV
 #   gemm-w8a8  the W8A8 GEMM (activation_quantization=fp8) beside bf16 and FP8 weights, and its
 #            tile choices from 17 rows (W8A8_ROWS: 8 16 32 64 128)
 #   gemm-w8a8-narrow  the same with narrower column blocks, deeper pipelines and 2 warps among
@@ -72,10 +73,10 @@
 #   grpo-one-warp-registers  grpo-w8a8-head-input with the 1-warp programs' registers capped at
 #            ONE_WARP_REGISTERS (default 128)
 #   attn-one-warp-stages  the same points with the 1-warp programs' pipeline stages at the
-#            default (5: two K/V buffers), 3 (one buffer) and 7 (three), beside four-warp
-#            programs, one-warp ones from 16 sequences, and bf16
+#            default (3: one K/V buffer), 5 (two) and 7 (three), beside four-warp programs,
+#            one-warp ones from 16 sequences, and bf16
 #   grpo-one-warp-stages  grpo-w8a8-head-input with the 1-warp programs' stages at ONE_WARP_STAGES
-#            (default 3: one K/V buffer)
+#            (default 5: two K/V buffers)
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out), the rollout runs' plots to $PLOT_DIR (default
 # $OUT_DIR: point it elsewhere where only a few files can be brought back); ROLLOUT_COMMIT=<sha>
@@ -186,7 +187,8 @@ for part in "$@"; do
         echo "profile $choice: rc=$?"
         ncu -i "$OUT_DIR/decode_$tag.ncu-rep" --page source --print-source sass --csv \
           > "$OUT_DIR/decode_${tag}_sass.csv"
-        rm -f "$OUT_DIR/decode_$tag.ncu-rep"  # tens of MB; the CSV holds what the summary reads
+        ncu -i "$OUT_DIR/decode_$tag.ncu-rep" --page details --csv > "$OUT_DIR/decode_${tag}_details.csv"
+        rm -f "$OUT_DIR/decode_$tag.ncu-rep"  # tens of MB; the CSVs hold what the summary reads
       done
       python3 benchmarks/sass_mix.py "$OUT_DIR"/decode_*_sass.csv \
         --json-out "$OUT_DIR/decode_sass_mix.json" ;;
@@ -235,13 +237,13 @@ for part in "$@"; do
     attn-one-warp-stages) LINES_SHOWN=16 run attention_regimes_fp8_kv_one_warp_stages 300 \
       benchmarks/bench_attention.py --regimes --fp8-kv \
       --points "${CROWDED_POINTS:-16x8000,32x2000,32x5000,48x3000,64x1000,64x4096,96x1500,128x700,128x2000,32x4000~,48x3000~,64x2500~,96x1500~,128x800~}" \
-      --choices "bf16 KV;FP8 KV;FP8 KV with fp8_one_warp_num_stages=3;FP8 KV with fp8_one_warp_num_stages=7;FP8 KV with fp8_full_batch_block_n=0;FP8 KV with fp8_one_warp_min_pairs=128,fp8_one_warp_target_programs=1024" \
+      --choices "bf16 KV;FP8 KV;FP8 KV with fp8_one_warp_num_stages=5;FP8 KV with fp8_one_warp_num_stages=7;FP8 KV with fp8_full_batch_block_n=0;FP8 KV with fp8_one_warp_min_pairs=128,fp8_one_warp_target_programs=1024" \
       --json-out "$OUT_DIR/attention_regimes_fp8_kv_one_warp_stages.json" ;;
     grpo-one-warp-stages) run grpo_qwen3-8b_one_warp_stages 300 benchmarks/bench_rollout.py \
       --workload grpo --modes overlap --engine weight_quantization=fp8 \
       --engine kv_cache_dtype=fp8 --engine activation_quantization=fp8 --engine fp8_lm_head=true \
       --engine fp8_lm_head_input=true \
-      --decode-tiles fp8_one_warp_num_stages=${ONE_WARP_STAGES:-3} \
+      --decode-tiles fp8_one_warp_num_stages=${ONE_WARP_STAGES:-5} \
       --json-out "$OUT_DIR/grpo_qwen3-8b_one_warp_stages.json" \
       --plot-out "$PLOT_DIR/grpo_qwen3-8b_one_warp_stages.png" ;;
     grpo-one-warp-registers) run grpo_qwen3-8b_one_warp_registers 300 benchmarks/bench_rollout.py \

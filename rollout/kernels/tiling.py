@@ -69,8 +69,10 @@ class DecodeTiles:
     # block table's load a stage of its own, so 3 or 4 stages keep one K/V buffer: a tile's
     # copies are issued as the tile before it ends and waited for as it starts. 5 keep two
     # (18 KB of shared memory a program: 11 programs an SM, where their registers allow 12),
-    # so each tile's copies are in flight a whole tile ahead; 7 keep three (27 KB, 8 an SM).
-    fp8_one_warp_num_stages: int = 5
+    # 7 three (27 KB, 8 an SM). Two buffers read 1-7% slower at equal contexts of 32-128
+    # sequences and made grpo's steps at 32-111 running 1-5% slower on one H100 ('FP8 KV: a
+    # second K/V buffer for the one-warp programs' in docs/performance.md). For benchmarks.
+    fp8_one_warp_num_stages: int = 0
 
     def __post_init__(self) -> None:
         if self.merge_pairs < 1 or self.merge_pairs & (self.merge_pairs - 1):

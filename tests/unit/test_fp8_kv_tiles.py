@@ -172,8 +172,9 @@ def test_the_one_warp_launches_may_have_a_register_cap_of_their_own() -> None:
 
 def test_the_one_warp_launches_may_have_pipeline_stages_of_their_own() -> None:
     """DecodeTiles.stages: fp8_one_warp_num_stages for the one-warp launches (two K/V buffers
-    at 5), num_stages for every other launch, and for the one-warp ones too at 0."""
-    assert (DECODE_TILES.stages(True), DECODE_TILES.stages(False)) == (5, DECODE_TILES.num_stages)
-    assert DecodeTiles(fp8_one_warp_num_stages=0, num_stages=2).stages(True) == 2
+    at 5), num_stages for every other launch, and for the one-warp ones too at 0 (the default)."""
+    assert DECODE_TILES.stages(True) == DECODE_TILES.stages(False) == DECODE_TILES.num_stages
+    assert DecodeTiles(num_stages=2).stages(True) == 2
+    assert DecodeTiles(fp8_one_warp_num_stages=5).stages(True) == 5
     assert DecodeTiles(fp8_one_warp_num_stages=7).stages(True) == 7
     assert DecodeTiles(fp8_one_warp_num_stages=7).stages(False) == 3
