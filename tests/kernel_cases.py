@@ -62,8 +62,9 @@ def make_case(
 
 def with_fp8_cache(case: dict, v_by_token: bool = True) -> dict:
     """The same case with its caches in FP8: e4m3 rows and a power-of-two scale per (token,
-    head), as the engine's FP8 KV write stores them, V laid out by token as the engine holds it
-    (or by dim, as a bf16 cache); the scales under "kv_scales"."""
+    head), as the engine's FP8 KV write stores them, V laid out by token and the scales head by
+    head as the engine holds them (or both as a bf16 cache's values: by dim, and by slot); the
+    scales under "kv_scales"."""
     from rollout.kernels import torch_paged_attention
     from rollout.kernels.torch_fp8 import quantize_kv
 
@@ -71,6 +72,8 @@ def with_fp8_cache(case: dict, v_by_token: bool = True) -> dict:
     v_cache, v_scale = quantize_kv(case["v_cache"])
     if v_by_token:
         v_cache = torch_paged_attention.v_by_token(v_cache)
+        k_scale = torch_paged_attention.scales_by_head(k_scale)
+        v_scale = torch_paged_attention.scales_by_head(v_scale)
     return {**case, "k_cache": k_cache, "v_cache": v_cache, "kv_scales": (k_scale, v_scale)}
 
 

@@ -180,9 +180,10 @@ def check_write_kv() -> float:
 
 def check_fp8_kv() -> float:
     """An FP8 cache: the KV write stores the twin's very bytes and scales (a zero row, rows of
-    very different sizes, a skipped slot), V laid out by token as the engine holds it; decode
-    (several splits, a window) and extend read it as the twin does, V by token or by dim, with
-    NaN bytes past every context that must not get through."""
+    very different sizes, a skipped slot), V laid out by token and the scales head by head as
+    the engine holds them; decode (several splits, a window) and extend read it as the twin
+    does, V by token (scales by head) or by dim (scales by slot), with NaN bytes past every
+    context that must not get through."""
     from rollout.kernels.torch_fp8 import FP8_DTYPE
 
     g = torch.Generator().manual_seed(0)
@@ -193,6 +194,7 @@ def check_fp8_kv() -> float:
     caches = [torch.zeros(4, 16, 2, 64, dtype=FP8_DTYPE) for _ in range(4)]
     caches[1], caches[3] = twin.v_by_token(caches[1]), twin.v_by_token(caches[3])
     scales = [torch.ones(4, 16, 2) for _ in range(4)]
+    scales[0], scales[1] = twin.scales_by_head(scales[0]), twin.scales_by_head(scales[1])
     kernels.write_kv(key, value, caches[0], caches[1], slots, scales[0], scales[1])
     twin.write_kv(key, value, caches[2], caches[3], slots, scales[2], scales[3])
     for a, b in ((0, 2), (1, 3)):

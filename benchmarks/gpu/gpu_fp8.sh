@@ -77,6 +77,9 @@
 #            one-warp ones from 16 sequences, and bf16
 #   grpo-one-warp-stages  grpo-w8a8-head-input with the 1-warp programs' stages at ONE_WARP_STAGES
 #            (default 5: two K/V buffers)
+#   attn-scales  the FP8 decode read with the scales head by head (the engine's layout) and by
+#            slot, beside bf16, at a grpo run's (running, context) pairs (SCALES_POINTS: equal
+#            contexts, as a grpo run's samples have)
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out), the rollout runs' plots to $PLOT_DIR (default
 # $OUT_DIR: point it elsewhere where only a few files can be brought back); ROLLOUT_COMMIT=<sha>
@@ -239,6 +242,11 @@ for part in "$@"; do
       --points "${CROWDED_POINTS:-16x8000,32x2000,32x5000,48x3000,64x1000,64x4096,96x1500,128x700,128x2000,32x4000~,48x3000~,64x2500~,96x1500~,128x800~}" \
       --choices "bf16 KV;FP8 KV;FP8 KV with fp8_one_warp_num_stages=5;FP8 KV with fp8_one_warp_num_stages=7;FP8 KV with fp8_full_batch_block_n=0;FP8 KV with fp8_one_warp_min_pairs=128,fp8_one_warp_target_programs=1024" \
       --json-out "$OUT_DIR/attention_regimes_fp8_kv_one_warp_stages.json" ;;
+    attn-scales) LINES_SHOWN=20 run attention_regimes_fp8_kv_scales 240 \
+      benchmarks/bench_attention.py --regimes --fp8-kv \
+      --points "${SCALES_POINTS:-1x15000,4x13000,8x10000,16x8000,24x6000,32x4300,48x3200,64x2500,80x1900,96x1500,112x1000,128x700,32x2000,64x4096,128x2000}" \
+      --choices "bf16 KV;FP8 KV;FP8, scales by slot" \
+      --json-out "$OUT_DIR/attention_regimes_fp8_kv_scales.json" ;;
     grpo-one-warp-stages) run grpo_qwen3-8b_one_warp_stages 300 benchmarks/bench_rollout.py \
       --workload grpo --modes overlap --engine weight_quantization=fp8 \
       --engine kv_cache_dtype=fp8 --engine activation_quantization=fp8 --engine fp8_lm_head=true \

@@ -6,8 +6,8 @@ block_size], seen through that shape: `v_by_token`), which the code here reads l
 A step's tokens are packed: sequence s owns query rows [query_start_loc[s], query_start_loc[s + 1])
 and, after this step's KV write, has seq_lens[s] tokens of context in the blocks block_tables[s].
 Its queries are the last tokens of that context (causal mask aligned bottom-right). An FP8 cache
-holds e4m3 rows with a power-of-two scale per (token, KV head) beside them (`quantize_kv`); reads
-widen them to fp32 first.
+holds e4m3 rows with a power-of-two scale per (token, KV head) beside them (`quantize_kv`; laid
+out head by head in memory: `scales_by_head`); reads widen them to fp32 first.
 
 Three per-layer variants, as transformers' own attention computes them:
 - `window`: a sliding window; a query at position p sees positions p - window + 1 .. p.
@@ -58,6 +58,14 @@ def v_by_token(v_cache: torch.Tensor) -> torch.Tensor:
     block_size]), seen as [num_blocks, block_size, num_kv_heads, head_dim]: how an FP8 cache
     holds V, so that the Triton kernels read its tiles straight into the MMA."""
     return v_cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+
+
+def scales_by_head(scale: torch.Tensor) -> torch.Tensor:
+    """An FP8 cache's scales [num_blocks, block_size, num_kv_heads] laid out head by head in
+    memory ([num_blocks, num_kv_heads, block_size]) and seen through the same shape: how the
+    engine holds them, so that a program reading one KV head's tile loads its tokens' scales
+    from a few adjacent bytes, not one 32-byte sector each."""
+    return scale.permute(0, 2, 1).contiguous().permute(0, 2, 1)
 
 
 def _pages(cache, scale, pages) -> torch.Tensor:

@@ -94,8 +94,9 @@ def tile_visible(offs, n_mask, q_pos, window, QUERY_LEN: tl.constexpr, HAS_WINDO
 def load_kv_tile(
     k_cache_ptr, v_cache_ptr, block_table_ptr, offs, n_mask, d, d_mask, kv_head,
     stride_cblock, stride_cslot, stride_chead, PAGE: tl.constexpr,
-    k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, like_ptr, FP8_KV: tl.constexpr,
-    FAST_WIDEN: tl.constexpr, K_F16: tl.constexpr, V_BY_TOKEN: tl.constexpr, HEAD_DIM: tl.constexpr,
+    k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, stride_shead, like_ptr,
+    FP8_KV: tl.constexpr, FAST_WIDEN: tl.constexpr, K_F16: tl.constexpr, V_BY_TOKEN: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
 ):  # fmt: skip
     """K and V at context positions `offs` of the sequence whose block-table row starts at
     `block_table_ptr`: [len(offs), BLOCK_D] each, zeros where `n_mask` or `d_mask` is off, and
@@ -129,7 +130,7 @@ def load_kv_tile(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
     if FP8_KV:
-        scale_row = page_start(page, stride_sblock) + (slot * stride_sslot + kv_head)
+        scale_row = page_start(page, stride_sblock) + (slot * stride_sslot + kv_head * stride_shead)
         k_scale = tl.load(k_scale_ptr + scale_row, mask=n_mask, other=0.0)
         v_scale = tl.load(v_scale_ptr + scale_row, mask=n_mask, other=0.0)
         # In the MMA's operand layout (not where loaded) either way: Triton then lays the score
@@ -226,12 +227,18 @@ def e4m3_bits(x):
 
 
 def kv_scale_args(k_cache: torch.Tensor, kv_scales) -> tuple:
-    """(k_scale, v_scale, stride_sblock, stride_sslot) for a launch: an FP8 cache's scales, or
-    the cache itself as never-read stand-ins."""
+    """(k_scale, v_scale, stride_sblock, stride_sslot, stride_shead) for a launch: an FP8
+    cache's scales (K's and V's laid out alike, by head or not: `scales_by_head`), or the cache
+    itself as never-read stand-ins."""
     if kv_scales is None:
-        return k_cache, k_cache, 0, 0
+        return k_cache, k_cache, 0, 0, 0
     k_scale, v_scale = kv_scales
-    return k_scale, v_scale, k_scale.stride(0), k_scale.stride(1)
+    if k_scale.stride() != v_scale.stride():
+        raise ValueError(
+            f"an FP8 cache's K and V scales must share a layout; strides {k_scale.stride()} "
+            f"and {v_scale.stride()}"
+        )
+    return k_scale, v_scale, *k_scale.stride()
 
 
 @triton.jit

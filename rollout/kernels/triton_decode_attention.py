@@ -58,7 +58,7 @@ def _decode_kernel(
     scale, window, softcap, splits_wanted, num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cblock, stride_cslot, stride_chead, stride_bt,
-    k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, FP8_KV: tl.constexpr,
+    k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, stride_shead, FP8_KV: tl.constexpr,
     FAST_WIDEN: tl.constexpr, K_F16: tl.constexpr,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
     QUERY_LEN: tl.constexpr, ROWS_PAD: tl.constexpr, MERGE_ROWS: tl.constexpr,
@@ -128,7 +128,7 @@ def _decode_kernel(
         k, v, k_scale, v_scale = load_kv_tile(
             k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs, n_mask, d, d_mask,
             kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
-            k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV,
+            k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, stride_shead, q_ptr, FP8_KV,
             FAST_WIDEN, K_F16, V_BY_TOKEN, HEAD_DIM,
         )  # fmt: skip
         if KEYS_WIDE:

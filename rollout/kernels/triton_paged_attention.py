@@ -41,7 +41,8 @@ EXTEND_BLOCK_N = 64
 @triton.jit
 def _write_kv_kernel(
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
-    stride_kt, stride_kh, stride_vt, stride_vh, stride_cslot, stride_chead, stride_sslot,
+    stride_kt, stride_kh, stride_vt, stride_vh, stride_cslot, stride_chead,
+    stride_sblock, stride_sslot, stride_shead,
     stride_vblock, stride_vslot, stride_vhead, stride_vdim,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, FP8_KV: tl.constexpr, PAGE: tl.constexpr,
 ):  # fmt: skip
@@ -62,8 +63,10 @@ def _write_kv_kernel(
             v = v.to(tl.float32)
             k_scale, k_inverse = pow2_scale(tl.max(tl.abs(k), 0))
             v_scale, v_inverse = pow2_scale(tl.max(tl.abs(v), 0))
-            tl.store(k_scale_ptr + slot * stride_sslot + h, k_scale)
-            tl.store(v_scale_ptr + slot * stride_sslot + h, v_scale)
+            # by their own strides too: the engine's are laid out head by head (`scales_by_head`)
+            s_dst = (slot // PAGE) * stride_sblock + (slot % PAGE) * stride_sslot + h * stride_shead
+            tl.store(k_scale_ptr + s_dst, k_scale)
+            tl.store(v_scale_ptr + s_dst, v_scale)
             tl.store(k_cache_ptr + dst, e4m3_bits(k * k_inverse), mask=mask)  # the cache as bytes
             tl.store(v_cache_ptr + v_dst, e4m3_bits(v * v_inverse), mask=mask)
         else:
@@ -82,7 +85,8 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=N
         key, value, k_cache, v_cache, slot_mapping,
         k_scale if fp8 else k_cache, v_scale if fp8 else v_cache,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        k_cache.stride(1), k_cache.stride(2), k_scale.stride(1) if fp8 else 0, *v_cache.stride(),
+        k_cache.stride(1), k_cache.stride(2),
+        *kv_scale_args(k_cache, (k_scale, v_scale) if fp8 else None)[2:], *v_cache.stride(),
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), FP8_KV=fp8,
         PAGE=k_cache.shape[1],
     )  # fmt: skip
@@ -93,8 +97,8 @@ def _extend_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
     q_block_seq_ptr, q_block_start_ptr, sinks_ptr, scale, window, softcap,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cblock, stride_cslot, stride_chead, stride_bt,
-    k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, FP8_KV: tl.constexpr,
-    FAST_WIDEN: tl.constexpr, K_F16: tl.constexpr,
+    k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, stride_shead,
+    FP8_KV: tl.constexpr, FAST_WIDEN: tl.constexpr, K_F16: tl.constexpr,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
@@ -137,8 +141,8 @@ def _extend_kernel(
         k, v, k_scale, v_scale = load_kv_tile(
             k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs_n, n_mask, d, d_mask,
             kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
-            k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, q_ptr, FP8_KV, FAST_WIDEN,
-            K_F16, V_BY_TOKEN, HEAD_DIM,
+            k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, stride_shead, q_ptr, FP8_KV,
+            FAST_WIDEN, K_F16, V_BY_TOKEN, HEAD_DIM,
         )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N]
         qk = scale_scores(qk, k_scale, q_back, FP8_KV, K_F16)

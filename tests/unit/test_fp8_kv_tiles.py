@@ -106,6 +106,38 @@ def test_the_engine_lays_an_fp8_caches_v_out_by_token_and_the_kernels_see_it() -
         )  # fmt: skip
 
 
+def test_the_engine_lays_an_fp8_caches_scales_out_head_by_head() -> None:
+    """allocate_kv_caches holds each layer's FP8 scales [num_blocks, block_size, num_kv_heads]
+    head by head in memory (a page's scales of one KV head side by side, as `scales_by_head`
+    lays them out), and the torch write and read go through that view like any other; the
+    kernels take the scales' strides, and refuse K and V scales laid out unlike each other."""
+    from rollout.engine.execution.kv_cache import KVCacheShape, allocate_kv_caches
+    from rollout.kernels import torch_paged_attention as twin
+    from rollout.kernels.torch_fp8 import FP8_DTYPE
+
+    shape = KVCacheShape(num_layers=2, num_kv_heads=3, head_dim=8)
+    layer = allocate_kv_caches(shape, 5, 16, FP8_DTYPE, torch.device("cpu"))[1]
+    assert layer.k_scale.shape == layer.v_scale.shape == (5, 16, 3)
+    assert layer.k_scale.stride() == layer.v_scale.stride() == (48, 1, 16)
+    by_slot = torch.arange(5 * 16 * 3, dtype=torch.float32).view(5, 16, 3)
+    by_head = twin.scales_by_head(by_slot)
+    assert torch.equal(by_head, by_slot) and by_head.stride() == (48, 1, 16)
+    assert triton_attention_tiles.kv_scale_args(layer.k, (layer.k_scale, layer.v_scale))[2:] == (
+        48, 1, 16,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="share a layout"):
+        triton_attention_tiles.kv_scale_args(layer.k, (layer.k_scale, by_slot))
+    key = torch.randn(4, 3, 8) * torch.tensor([1.0, 1e3, 1e-3])[None, :, None]
+    slots = torch.tensor([0, 17, 33, 79])
+    twin.write_kv(key, key, layer.k, layer.v, slots, layer.k_scale, layer.v_scale)
+    plain = [torch.zeros(5, 16, 3, 8, dtype=FP8_DTYPE) for _ in range(2)]
+    plain_scales = [torch.ones(5, 16, 3) for _ in range(2)]
+    twin.write_kv(key, key, *plain, slots, *plain_scales)
+    assert torch.equal(layer.k_scale, plain_scales[0]) and torch.equal(
+        layer.v_scale, plain_scales[1]
+    )
+
+
 def test_only_a_full_fp8_batch_read_keys_wide_takes_one_warp_programs() -> None:
     """DecodeTiles.one_warp_tiles and tile_shape: 32-token tiles in one-warp programs once one
     piece a (sequence, KV head) fills the launch over an FP8 cache with the keys-wide tiles;

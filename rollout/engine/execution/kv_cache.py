@@ -5,7 +5,8 @@ With `kv_cache_dtype="fp8"` each layer's keys and values are e4m3 with a power-o
 head instead of 2 x 2 x head_dim, so the same memory holds 1.9x the tokens at head_dim 128.
 Its V pages (of up to 64 tokens, a power of two) are laid out by token
 (`torch_paged_attention.v_by_token`), which lets the decode and extend kernels widen V's tiles
-in the MMA's operand layout.
+in the MMA's operand layout, and its scales head by head (`scales_by_head`), so a tile's scales
+are a few adjacent bytes.
 """
 
 from __future__ import annotations
@@ -102,12 +103,16 @@ def allocate_kv_caches(
     """One tensor for all layers' K and V (and one for their FP8 scales); per layer views of
     [num_blocks, block_size, num_kv_heads, head_dim] (an FP8 cache's V laid out by token in
     memory, [num_blocks, num_kv_heads, head_dim, block_size], where its pages are of up to 64
-    tokens, a power of two: `lays_out_v_by_token`)."""
+    tokens, a power of two: `lays_out_v_by_token`; its scales head by head, `scales_by_head`)."""
     dims = (num_blocks, block_size, shape.num_kv_heads)
     storage = torch.zeros(shape.num_layers, 2, *dims, shape.head_dim, dtype=dtype, device=device)
     if dtype != FP8_DTYPE:
         return [LayerKV(storage[i, 0], storage[i, 1]) for i in range(shape.num_layers)]
-    scales = torch.ones(shape.num_layers, 2, *dims, dtype=torch.float32, device=device)
+    # The scales head by head in memory, seen as [num_blocks, block_size, num_kv_heads]
+    # (`scales_by_head`).
+    by_head = (num_blocks, shape.num_kv_heads, block_size)
+    scales = torch.ones(shape.num_layers, 2, *by_head, dtype=torch.float32, device=device)
+    scales = scales.permute(0, 1, 2, 4, 3)
     by_token = (num_blocks, shape.num_kv_heads, shape.head_dim, block_size)
 
     def values(i: int) -> torch.Tensor:
