@@ -80,6 +80,13 @@
 #   attn-scales  the FP8 decode read with the scales head by head (the engine's layout) and by
 #            slot, beside bf16, at a grpo run's (running, context) pairs (SCALES_POINTS: equal
 #            contexts, as a grpo run's samples have)
+#   attn-merge-pairs  the FP8 decode read at those pairs (MERGE_POINTS) with the 1-warp
+#            programs' merge loads of 16 and 8 pairs (fewer registers: 12 programs an SM, where
+#            the default's 187 registers allow 8), also aiming at 2,048 programs (from 16
+#            sequences too), beside the default and bf16
+#   grpo-one-warp-merge  grpo-w8a8-head-input with the 1-warp programs' merge loads of
+#            ONE_WARP_MERGE_PAIRS (default 16) pairs, and ONE_WARP_EXTRA (more --decode-tiles
+#            fields, e.g. "fp8_one_warp_target_programs=2048")
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out), the rollout runs' plots to $PLOT_DIR (default
 # $OUT_DIR: point it elsewhere where only a few files can be brought back); ROLLOUT_COMMIT=<sha>
@@ -247,6 +254,21 @@ for part in "$@"; do
       --points "${SCALES_POINTS:-1x15000,4x13000,8x10000,16x8000,24x6000,32x4300,48x3200,64x2500,80x1900,96x1500,112x1000,128x700,32x2000,64x4096,128x2000}" \
       --choices "bf16 KV;FP8 KV;FP8, scales by slot" \
       --json-out "$OUT_DIR/attention_regimes_fp8_kv_scales.json" ;;
+    attn-merge-pairs) LINES_SHOWN=20 run attention_regimes_fp8_kv_merge_pairs 300 \
+      benchmarks/bench_attention.py --regimes --fp8-kv \
+      --points "${MERGE_POINTS:-16x8000,24x6000,32x4300,48x3200,64x2500,80x1900,96x1500,112x1000,128x700,32x2000,64x4096,128x2000}" \
+      --choices "bf16 KV;FP8 KV;FP8 KV with fp8_one_warp_merge_pairs=16;FP8 KV with fp8_one_warp_merge_pairs=8;FP8 KV with fp8_one_warp_merge_pairs=16,fp8_one_warp_target_programs=2048;FP8 KV with fp8_one_warp_merge_pairs=16,fp8_one_warp_min_pairs=128,fp8_one_warp_target_programs=2048" \
+      --json-out "$OUT_DIR/attention_regimes_fp8_kv_merge_pairs.json" ;;
+    grpo-one-warp-merge)
+      extra=()
+      for field in ${ONE_WARP_EXTRA:-}; do extra+=(--decode-tiles "$field"); done
+      run grpo_qwen3-8b_one_warp_merge 300 benchmarks/bench_rollout.py \
+        --workload grpo --modes overlap --engine weight_quantization=fp8 \
+        --engine kv_cache_dtype=fp8 --engine activation_quantization=fp8 --engine fp8_lm_head=true \
+        --engine fp8_lm_head_input=true \
+        --decode-tiles fp8_one_warp_merge_pairs=${ONE_WARP_MERGE_PAIRS:-16} "${extra[@]}" \
+        --json-out "$OUT_DIR/grpo_qwen3-8b_one_warp_merge.json" \
+        --plot-out "$PLOT_DIR/grpo_qwen3-8b_one_warp_merge.png" ;;
     grpo-one-warp-stages) run grpo_qwen3-8b_one_warp_stages 300 benchmarks/bench_rollout.py \
       --workload grpo --modes overlap --engine weight_quantization=fp8 \
       --engine kv_cache_dtype=fp8 --engine activation_quantization=fp8 --engine fp8_lm_head=true \

@@ -61,24 +61,35 @@ class DecodeTiles:
     fp8_one_warp_min_pairs: int = 0
     fp8_one_warp_target_programs: int = 0
     # A cap on the one-warp launches' registers a thread (Triton's maxnreg; 0: max_registers').
-    # Compiled for sm_90 they take 151-159 registers, so 12 programs share an SM; at 128, which
-    # they compile to without spills, 16 do, and read 13-14% slower at 64-128 equal contexts
-    # (docs/performance.md, 'FP8 KV: more one-warp programs an SM'). For benchmarks.
+    # Triton 3.6 compiles them to 187 registers for the H100 (8 programs an SM), Triton 3.9 to
+    # 151-159 (12); capped at 128, 16 share an SM and read 13-14% slower at 64-128 equal
+    # contexts (docs/performance.md, 'FP8 KV: more one-warp programs an SM', run with 3.6,
+    # where the cap may spill). For benchmarks.
     fp8_one_warp_max_registers: int = 0
     # Software-pipeline stages of the one-warp launches (0: num_stages'). Triton gives the
     # block table's load a stage of its own, so 3 or 4 stages keep one K/V buffer: a tile's
     # copies are issued as the tile before it ends and waited for as it starts. 5 keep two
-    # (18 KB of shared memory a program: 11 programs an SM, where their registers allow 12),
-    # 7 three (27 KB, 8 an SM). Two buffers read 1-7% slower at equal contexts of 32-128
-    # sequences and made grpo's steps at 32-111 running 1-5% slower on one H100 ('FP8 KV: a
-    # second K/V buffer for the one-warp programs' in docs/performance.md). For benchmarks.
+    # (18 KB of shared memory a program), 7 three (27 KB). Two buffers read 1-7% slower at
+    # equal contexts of 32-128 sequences and made grpo's steps at 32-111 running 1-5% slower
+    # on one H100 ('FP8 KV: the copies' wait, profiled' in docs/performance.md). For benchmarks.
     fp8_one_warp_num_stages: int = 0
+    # The one-warp launches' merge_pairs (0: merge_pairs'). A merge load of 32 pairs holds 128
+    # fp32 values a thread in one warp (32 in four): compiled for the H100 by Triton 3.6 that
+    # takes the whole kernel to 187 registers, 8 programs an SM; 16 pairs, 149 (12 an SM). For
+    # benchmarks.
+    fp8_one_warp_merge_pairs: int = 0
 
     def __post_init__(self) -> None:
-        if self.merge_pairs < 1 or self.merge_pairs & (self.merge_pairs - 1):
-            raise ValueError(
-                f"DecodeTiles.merge_pairs must be a power of two; got {self.merge_pairs}"
-            )
+        for name in ("merge_pairs", "fp8_one_warp_merge_pairs"):
+            pairs = getattr(self, name)
+            if pairs < 0 or pairs & (pairs - 1) or (pairs == 0 and name == "merge_pairs"):
+                raise ValueError(f"DecodeTiles.{name} must be a power of two; got {pairs}")
+
+    def merge_load_pairs(self, one_warp: bool) -> int:
+        """(row, piece) pairs one merge load of a launch holds (`one_warp_tiles`)."""
+        if one_warp and self.fp8_one_warp_merge_pairs:
+            return self.fp8_one_warp_merge_pairs
+        return self.merge_pairs
 
     def splits_per_sequence(
         self, num_seqs: int, num_kv_heads: int, target: int | None = None

@@ -272,6 +272,8 @@ def decode_attention(
         )
     out = torch.empty_like(query)
     merge_rows = max(2, triton.next_power_of_2(rows))
+    merge_pairs = tiles.merge_load_pairs(one_warp)
+    merge_chunk = max(1, min(16, merge_pairs // merge_rows, triton.next_power_of_2(num_splits)))
     k_f16 = fp16_keys(query, kv_scales is not None)
     by_token = reads_v_by_token(k_cache, v_cache, kv_scales is not None)
     block_n, num_warps = tiles.tile_shape(one_warp)
@@ -295,9 +297,7 @@ def decode_attention(
         MERGE_ROWS=merge_rows,
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
         BLOCK_N=block_n, SPLIT_LEN=split_len,
-        MERGE_CHUNK=max(
-            1, min(16, tiles.merge_pairs // merge_rows, triton.next_power_of_2(num_splits))
-        ),
+        MERGE_CHUNK=merge_chunk,
         DOT_PRECISION=dot_precision(query), HAS_WINDOW=window is not None,
         HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
         V_BY_TOKEN=by_token, KEYS_WIDE=keys_wide,

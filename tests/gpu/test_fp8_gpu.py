@@ -414,6 +414,8 @@ def test_fp8_kernels_give_the_same_bits_widening_either_way() -> None:
         dict(target_programs=8, fp8_one_warp_max_registers=128),
         dict(target_programs=8, fp8_one_warp_num_stages=5),
         dict(target_programs=8, fp8_one_warp_num_stages=7),
+        dict(target_programs=8, fp8_one_warp_merge_pairs=16),
+        dict(target_programs=8, fp8_one_warp_merge_pairs=8, fp8_one_warp_target_programs=64),
     ],
     ids=[
         "default",
@@ -428,6 +430,8 @@ def test_fp8_kernels_give_the_same_bits_widening_either_way() -> None:
         "1w-128-registers",
         "1w-5-stages",
         "1w-7-stages",
+        "1w-merge-16",
+        "1w-merge-8-more-programs",
     ],
 )
 @pytest.mark.parametrize("choice", ["fp16 K", "bf16"])

@@ -38,6 +38,12 @@ def test_merge_loads_hold_a_power_of_two_of_pairs() -> None:
     for pairs in (0, 48):
         with pytest.raises(ValueError, match="merge_pairs must be a power of two"):
             DecodeTiles(merge_pairs=pairs)
+    with pytest.raises(ValueError, match="fp8_one_warp_merge_pairs must be a power of two"):
+        DecodeTiles(fp8_one_warp_merge_pairs=24)
+    # the one-warp launches' own merge loads: 0 keeps merge_pairs
+    assert DECODE_TILES.merge_load_pairs(True) == DECODE_TILES.merge_load_pairs(False) == 32
+    fewer = DecodeTiles(fp8_one_warp_merge_pairs=16)
+    assert (fewer.merge_load_pairs(True), fewer.merge_load_pairs(False)) == (16, 32)
 
 
 def test_an_fp8_cache_puts_the_keys_on_the_mmas_wide_side_by_default() -> None:
