@@ -84,6 +84,9 @@
 #            programs' merge loads of 16 and 8 pairs (fewer registers: 12 programs an SM, where
 #            the default's 187 registers allow 8), also aiming at 2,048 programs (from 16
 #            sequences too), beside the default and bf16
+#   attn-k-by-head  the FP8 decode read with K laid out head by head in each page (a page's keys
+#            of one KV head in one 2 KB run, as V's are) against the engine's by-slot K, beside
+#            bf16, at those pairs (MERGE_POINTS)
 #   grpo-one-warp-merge  grpo-w8a8-head-input with the 1-warp programs' merge loads of
 #            ONE_WARP_MERGE_PAIRS (default 16) pairs, and ONE_WARP_EXTRA (more --decode-tiles
 #            fields, e.g. "fp8_one_warp_target_programs=2048")
@@ -259,6 +262,11 @@ for part in "$@"; do
       --points "${MERGE_POINTS:-16x8000,24x6000,32x4300,48x3200,64x2500,80x1900,96x1500,112x1000,128x700,32x2000,64x4096,128x2000}" \
       --choices "bf16 KV;FP8 KV;FP8 KV with fp8_one_warp_merge_pairs=16;FP8 KV with fp8_one_warp_merge_pairs=8;FP8 KV with fp8_one_warp_merge_pairs=16,fp8_one_warp_target_programs=2048;FP8 KV with fp8_one_warp_merge_pairs=16,fp8_one_warp_min_pairs=128,fp8_one_warp_target_programs=2048" \
       --json-out "$OUT_DIR/attention_regimes_fp8_kv_merge_pairs.json" ;;
+    attn-k-by-head) LINES_SHOWN=20 run attention_regimes_fp8_kv_k_by_head 240 \
+      benchmarks/bench_attention.py --regimes --fp8-kv \
+      --points "${MERGE_POINTS:-16x8000,24x6000,32x4300,48x3200,64x2500,80x1900,96x1500,112x1000,128x700,32x2000,64x4096,128x2000}" \
+      --choices "bf16 KV;FP8 KV;FP8, K by head;FP8, K by head with fp8_full_batch_block_n=0" \
+      --json-out "$OUT_DIR/attention_regimes_fp8_kv_k_by_head.json" ;;
     grpo-one-warp-merge)
       extra=()
       for field in ${ONE_WARP_EXTRA:-}; do extra+=(--decode-tiles "$field"); done
