@@ -80,10 +80,15 @@ class DecodeTiles:
     fp8_one_warp_merge_pairs: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("merge_pairs", "fp8_one_warp_merge_pairs"):
-            pairs = getattr(self, name)
-            if pairs < 0 or pairs & (pairs - 1) or (pairs == 0 and name == "merge_pairs"):
-                raise ValueError(f"DecodeTiles.{name} must be a power of two; got {pairs}")
+        if self.merge_pairs < 1 or self.merge_pairs & (self.merge_pairs - 1):
+            raise ValueError(
+                f"DecodeTiles.merge_pairs must be a power of two; got {self.merge_pairs}"
+            )
+        pairs = self.fp8_one_warp_merge_pairs
+        if pairs < 0 or pairs & (pairs - 1):
+            raise ValueError(
+                f"DecodeTiles.fp8_one_warp_merge_pairs must be 0 or a power of two; got {pairs}"
+            )
 
     def merge_load_pairs(self, one_warp: bool) -> int:
         """(row, piece) pairs one merge load of a launch holds (`one_warp_tiles`)."""

@@ -38,8 +38,9 @@ def test_merge_loads_hold_a_power_of_two_of_pairs() -> None:
     for pairs in (0, 48):
         with pytest.raises(ValueError, match="merge_pairs must be a power of two"):
             DecodeTiles(merge_pairs=pairs)
-    with pytest.raises(ValueError, match="fp8_one_warp_merge_pairs must be a power of two"):
-        DecodeTiles(fp8_one_warp_merge_pairs=24)
+    for pairs in (-1, 24):
+        with pytest.raises(ValueError, match="fp8_one_warp_merge_pairs must be 0 or a power"):
+            DecodeTiles(fp8_one_warp_merge_pairs=pairs)
     # the one-warp launches' own merge loads: 0 keeps merge_pairs
     assert DECODE_TILES.merge_load_pairs(True) == DECODE_TILES.merge_load_pairs(False) == 32
     fewer = DecodeTiles(fp8_one_warp_merge_pairs=16)
@@ -115,8 +116,9 @@ def test_the_engine_lays_an_fp8_caches_v_out_by_token_and_the_kernels_see_it() -
 def test_the_engine_lays_an_fp8_caches_scales_out_head_by_head() -> None:
     """allocate_kv_caches holds each layer's FP8 scales [num_blocks, block_size, num_kv_heads]
     head by head in memory (a page's scales of one KV head side by side, as `scales_by_head`
-    lays them out), and the torch write and read go through that view like any other; the
-    kernels take the scales' strides, and refuse K and V scales laid out unlike each other."""
+    lays them out), and the torch write stores through that view the scales it stores in a
+    plain one; the kernels take the scales' strides, and refuse K and V scales laid out unlike
+    each other."""
     from rollout.engine.execution.kv_cache import KVCacheShape, allocate_kv_caches
     from rollout.kernels import torch_paged_attention as twin
     from rollout.kernels.torch_fp8 import FP8_DTYPE
