@@ -118,6 +118,25 @@ both() {  # both NAME SECONDS ARGS...: bf16 weights, then FP8 (and $FP8_EXTRA, e
       --plot-out "$PLOT_DIR/${name}_$q.png"
   done
 }
+# main's FP8 setting: weights, KV cache, activations, LM head and its input
+FP8_MAIN=(--engine weight_quantization=fp8 --engine kv_cache_dtype=fp8
+  --engine activation_quantization=fp8 --engine fp8_lm_head=true --engine fp8_lm_head_input=true)
+grpo_main() {  # grpo_main NAME ARGS...: the grpo workload in main's FP8 setting and ARGS
+  local name=$1
+  shift
+  run "grpo_qwen3-8b_$name" 300 benchmarks/bench_rollout.py --workload grpo --modes overlap \
+    "${FP8_MAIN[@]}" "$@" --json-out "$OUT_DIR/grpo_qwen3-8b_$name.json" \
+    --plot-out "$PLOT_DIR/grpo_qwen3-8b_$name.png"
+}
+attn() {  # attn NAME SECONDS POINTS CHOICES: the decode read beside an FP8 cache, choice by choice
+  LINES_SHOWN=${LINES_SHOWN:-16} run "attention_regimes_fp8_kv_$1" "$2" \
+    benchmarks/bench_attention.py --regimes --fp8-kv --points "$3" --choices "$4" \
+    --json-out "$OUT_DIR/attention_regimes_fp8_kv_$1.json"
+}
+# equal contexts and contexts drawn as grpo's (BxC~), 16-128 sequences
+CROWDED=${CROWDED_POINTS:-16x8000,32x2000,32x5000,48x3000,64x1000,64x4096,96x1500,128x700,128x2000,32x4000~,48x3000~,64x2500~,96x1500~,128x800~}
+# a grpo run's own (running, context) pairs from 16 running (its samples start together)
+GRPO_PAIRS=16x8000,24x6000,32x4300,48x3200,64x2500,80x1900,96x1500,112x1000,128x700,32x2000,64x4096,128x2000
 for part in "$@"; do
   case $part in
     tests|tests1|tests2)
@@ -237,60 +256,27 @@ for part in "$@"; do
       --points "${REGISTER_POINTS:-32x5000,64x4096,96x1500}" \
       --choices "FP8 KV with fp8_full_batch_block_n=0;FP8 KV with fp8_full_batch_block_n=0,max_registers=96;FP8 KV with fp8_full_batch_block_n=0,max_registers=80;FP8 KV" \
       --json-out "$OUT_DIR/attention_regimes_fp8_kv_registers.json" ;;
-    attn-crowded) LINES_SHOWN=14 run attention_regimes_fp8_kv_crowded 240 \
-      benchmarks/bench_attention.py --regimes --fp8-kv \
-      --points "${CROWDED_POINTS:-16x8000,32x2000,32x5000,48x3000,64x1000,64x4096,96x1500,128x700,128x2000,32x4000~,48x3000~,64x2500~,96x1500~,128x800~}" \
-      --choices "bf16 KV;FP8 KV;FP8 KV with fp8_full_batch_block_n=0;FP8 KV with fp8_one_warp_min_pairs=128,fp8_one_warp_target_programs=1024" \
-      --json-out "$OUT_DIR/attention_regimes_fp8_kv_crowded.json" ;;
-    attn-one-warp-registers) LINES_SHOWN=16 run attention_regimes_fp8_kv_one_warp_registers 240 \
-      benchmarks/bench_attention.py --regimes --fp8-kv \
-      --points "${CROWDED_POINTS:-16x8000,32x2000,32x5000,48x3000,64x1000,64x4096,96x1500,128x700,128x2000,32x4000~,48x3000~,64x2500~,96x1500~,128x800~}" \
-      --choices "bf16 KV;FP8 KV;FP8 KV with fp8_one_warp_max_registers=128;FP8 KV with fp8_one_warp_max_registers=104;FP8 KV with fp8_full_batch_block_n=0;FP8 KV with fp8_one_warp_min_pairs=128,fp8_one_warp_target_programs=1024,fp8_one_warp_max_registers=128" \
-      --json-out "$OUT_DIR/attention_regimes_fp8_kv_one_warp_registers.json" ;;
-    attn-one-warp-stages) LINES_SHOWN=16 run attention_regimes_fp8_kv_one_warp_stages 300 \
-      benchmarks/bench_attention.py --regimes --fp8-kv \
-      --points "${CROWDED_POINTS:-16x8000,32x2000,32x5000,48x3000,64x1000,64x4096,96x1500,128x700,128x2000,32x4000~,48x3000~,64x2500~,96x1500~,128x800~}" \
-      --choices "bf16 KV;FP8 KV;FP8 KV with fp8_one_warp_num_stages=5;FP8 KV with fp8_one_warp_num_stages=7;FP8 KV with fp8_full_batch_block_n=0;FP8 KV with fp8_one_warp_min_pairs=128,fp8_one_warp_target_programs=1024" \
-      --json-out "$OUT_DIR/attention_regimes_fp8_kv_one_warp_stages.json" ;;
-    attn-scales) LINES_SHOWN=20 run attention_regimes_fp8_kv_scales 240 \
-      benchmarks/bench_attention.py --regimes --fp8-kv \
-      --points "${SCALES_POINTS:-1x15000,4x13000,8x10000,16x8000,24x6000,32x4300,48x3200,64x2500,80x1900,96x1500,112x1000,128x700,32x2000,64x4096,128x2000}" \
-      --choices "bf16 KV;FP8 KV;FP8, scales by slot" \
-      --json-out "$OUT_DIR/attention_regimes_fp8_kv_scales.json" ;;
-    attn-merge-pairs) LINES_SHOWN=20 run attention_regimes_fp8_kv_merge_pairs 300 \
-      benchmarks/bench_attention.py --regimes --fp8-kv \
-      --points "${MERGE_POINTS:-16x8000,24x6000,32x4300,48x3200,64x2500,80x1900,96x1500,112x1000,128x700,32x2000,64x4096,128x2000}" \
-      --choices "bf16 KV;FP8 KV;FP8 KV with fp8_one_warp_merge_pairs=16;FP8 KV with fp8_one_warp_merge_pairs=8;FP8 KV with fp8_one_warp_merge_pairs=16,fp8_one_warp_target_programs=2048;FP8 KV with fp8_one_warp_merge_pairs=16,fp8_one_warp_min_pairs=128,fp8_one_warp_target_programs=2048" \
-      --json-out "$OUT_DIR/attention_regimes_fp8_kv_merge_pairs.json" ;;
-    attn-k-by-head) LINES_SHOWN=20 run attention_regimes_fp8_kv_k_by_head 240 \
-      benchmarks/bench_attention.py --regimes --fp8-kv \
-      --points "${MERGE_POINTS:-16x8000,24x6000,32x4300,48x3200,64x2500,80x1900,96x1500,112x1000,128x700,32x2000,64x4096,128x2000}" \
-      --choices "bf16 KV;FP8 KV;FP8, K by head;FP8, K by head with fp8_full_batch_block_n=0" \
-      --json-out "$OUT_DIR/attention_regimes_fp8_kv_k_by_head.json" ;;
+    attn-crowded) LINES_SHOWN=14 attn crowded 240 "$CROWDED" \
+      "bf16 KV;FP8 KV;FP8 KV with fp8_full_batch_block_n=0;FP8 KV with fp8_one_warp_min_pairs=128,fp8_one_warp_target_programs=1024" ;;
+    attn-one-warp-registers) attn one_warp_registers 240 "$CROWDED" \
+      "bf16 KV;FP8 KV;FP8 KV with fp8_one_warp_max_registers=128;FP8 KV with fp8_one_warp_max_registers=104;FP8 KV with fp8_full_batch_block_n=0;FP8 KV with fp8_one_warp_min_pairs=128,fp8_one_warp_target_programs=1024,fp8_one_warp_max_registers=128" ;;
+    attn-one-warp-stages) attn one_warp_stages 300 "$CROWDED" \
+      "bf16 KV;FP8 KV;FP8 KV with fp8_one_warp_num_stages=5;FP8 KV with fp8_one_warp_num_stages=7;FP8 KV with fp8_full_batch_block_n=0;FP8 KV with fp8_one_warp_min_pairs=128,fp8_one_warp_target_programs=1024" ;;
+    attn-scales) LINES_SHOWN=20 attn scales 240 "${SCALES_POINTS:-1x15000,4x13000,8x10000,$GRPO_PAIRS}" \
+      "bf16 KV;FP8 KV;FP8, scales by slot" ;;
+    attn-merge-pairs) LINES_SHOWN=20 attn merge_pairs 300 "${MERGE_POINTS:-$GRPO_PAIRS}" \
+      "bf16 KV;FP8 KV;FP8 KV with fp8_one_warp_merge_pairs=16;FP8 KV with fp8_one_warp_merge_pairs=8;FP8 KV with fp8_one_warp_merge_pairs=16,fp8_one_warp_target_programs=2048;FP8 KV with fp8_one_warp_merge_pairs=16,fp8_one_warp_min_pairs=128,fp8_one_warp_target_programs=2048" ;;
+    attn-k-by-head) LINES_SHOWN=20 attn k_by_head 240 "${MERGE_POINTS:-$GRPO_PAIRS}" \
+      "bf16 KV;FP8 KV;FP8, K by head;FP8, K by head with fp8_full_batch_block_n=0" ;;
     grpo-one-warp-merge)
       extra=()
       for field in ${ONE_WARP_EXTRA:-}; do extra+=(--decode-tiles "$field"); done
-      run grpo_qwen3-8b_one_warp_merge 300 benchmarks/bench_rollout.py \
-        --workload grpo --modes overlap --engine weight_quantization=fp8 \
-        --engine kv_cache_dtype=fp8 --engine activation_quantization=fp8 --engine fp8_lm_head=true \
-        --engine fp8_lm_head_input=true \
-        --decode-tiles fp8_one_warp_merge_pairs=${ONE_WARP_MERGE_PAIRS:-16} "${extra[@]}" \
-        --json-out "$OUT_DIR/grpo_qwen3-8b_one_warp_merge.json" \
-        --plot-out "$PLOT_DIR/grpo_qwen3-8b_one_warp_merge.png" ;;
-    grpo-one-warp-stages) run grpo_qwen3-8b_one_warp_stages 300 benchmarks/bench_rollout.py \
-      --workload grpo --modes overlap --engine weight_quantization=fp8 \
-      --engine kv_cache_dtype=fp8 --engine activation_quantization=fp8 --engine fp8_lm_head=true \
-      --engine fp8_lm_head_input=true \
-      --decode-tiles fp8_one_warp_num_stages=${ONE_WARP_STAGES:-5} \
-      --json-out "$OUT_DIR/grpo_qwen3-8b_one_warp_stages.json" \
-      --plot-out "$PLOT_DIR/grpo_qwen3-8b_one_warp_stages.png" ;;
-    grpo-one-warp-registers) run grpo_qwen3-8b_one_warp_registers 300 benchmarks/bench_rollout.py \
-      --workload grpo --modes overlap --engine weight_quantization=fp8 \
-      --engine kv_cache_dtype=fp8 --engine activation_quantization=fp8 --engine fp8_lm_head=true \
-      --engine fp8_lm_head_input=true \
-      --decode-tiles fp8_one_warp_max_registers=${ONE_WARP_REGISTERS:-128} \
-      --json-out "$OUT_DIR/grpo_qwen3-8b_one_warp_registers.json" \
-      --plot-out "$PLOT_DIR/grpo_qwen3-8b_one_warp_registers.png" ;;
+      grpo_main one_warp_merge --decode-tiles fp8_one_warp_merge_pairs=${ONE_WARP_MERGE_PAIRS:-16} \
+        "${extra[@]}" ;;
+    grpo-one-warp-stages) grpo_main one_warp_stages \
+      --decode-tiles fp8_one_warp_num_stages=${ONE_WARP_STAGES:-5} ;;
+    grpo-one-warp-registers) grpo_main one_warp_registers \
+      --decode-tiles fp8_one_warp_max_registers=${ONE_WARP_REGISTERS:-128} ;;
     tail) both grpo_tail 120 --workload grpo --prompts 2 --group-size 4 --length-max 4096 ;;
     moe) run moe_experts 90 benchmarks/bench_moe.py --tokens ${MOE_TOKENS:-1,8,32,128} \
       --json-out "$OUT_DIR/moe_experts.json" ;;
@@ -334,13 +320,8 @@ for part in "$@"; do
         --engine weight_quantization=fp8 --engine kv_cache_dtype=fp8 \
         --engine activation_quantization=fp8 --engine fp8_lm_head=true ${GRPO_W8A8_EXTRA:-} \
         --json-out "$OUT_DIR/grpo_qwen3-8b_w8a8.json" --plot-out "$PLOT_DIR/grpo_qwen3-8b_w8a8.png" ;;
-    grpo-one-warp-wide) run grpo_qwen3-8b_one_warp_wide 300 benchmarks/bench_rollout.py \
-      --workload grpo --modes overlap --engine weight_quantization=fp8 \
-      --engine kv_cache_dtype=fp8 --engine activation_quantization=fp8 --engine fp8_lm_head=true \
-      --engine fp8_lm_head_input=true --decode-tiles fp8_one_warp_min_pairs=128 \
-      --decode-tiles fp8_one_warp_target_programs=1024 \
-      --json-out "$OUT_DIR/grpo_qwen3-8b_one_warp_wide.json" \
-      --plot-out "$PLOT_DIR/grpo_qwen3-8b_one_warp_wide.png" ;;
+    grpo-one-warp-wide) grpo_main one_warp_wide --decode-tiles fp8_one_warp_min_pairs=128 \
+      --decode-tiles fp8_one_warp_target_programs=1024 ;;
     grpo-w8a8-group) run grpo_qwen3-8b_w8a8_group 240 benchmarks/bench_rollout.py --workload grpo \
       --modes overlap --engine weight_quantization=fp8 --engine kv_cache_dtype=fp8 \
       --engine activation_quantization=fp8-group --engine fp8_lm_head=true \
@@ -350,11 +331,7 @@ for part in "$@"; do
       --shape qwen3-8b --weight-quantization fp8 --activation-quantization fp8 --fp8-lm-head \
       --fp8-lm-head-input --samples ${SAMPLES:-4} --length ${LENGTH:-4096} \
       --json-out "$OUT_DIR/drift_w8a8_head_input_qwen3-8b.json" ;;
-    grpo-w8a8-head-input) run grpo_qwen3-8b_w8a8_head_input 300 benchmarks/bench_rollout.py \
-      --workload grpo --modes overlap --engine weight_quantization=fp8 \
-      --engine kv_cache_dtype=fp8 --engine activation_quantization=fp8 --engine fp8_lm_head=true \
-      --engine fp8_lm_head_input=true --json-out "$OUT_DIR/grpo_qwen3-8b_w8a8_head_input.json" \
-      --plot-out "$PLOT_DIR/grpo_qwen3-8b_w8a8_head_input.png" ;;
+    grpo-w8a8-head-input) grpo_main w8a8_head_input ;;
     drift-w8a8-group) run drift_w8a8_group_head_qwen3-8b 300 benchmarks/bench_mismatch.py \
       --shape qwen3-8b --weight-quantization fp8 --activation-quantization fp8-group \
       --fp8-lm-head --samples ${SAMPLES:-4} --length ${LENGTH:-4096} \
