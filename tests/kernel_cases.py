@@ -71,6 +71,7 @@ def with_fp8_cache(case: dict, v_by_token: bool = True) -> dict:
     k_cache, k_scale = quantize_kv(case["k_cache"])
     v_cache, v_scale = quantize_kv(case["v_cache"])
     if v_by_token:
+        k_cache = torch_paged_attention.keys_by_head(k_cache)
         v_cache = torch_paged_attention.v_by_token(v_cache)
         k_scale = torch_paged_attention.scales_by_head(k_scale)
         v_scale = torch_paged_attention.scales_by_head(v_scale)

@@ -193,6 +193,7 @@ def check_fp8_kv() -> float:
     slots = torch.tensor([3, -1, 17, 40, 0, 63], dtype=torch.int32)
     caches = [torch.zeros(4, 16, 2, 64, dtype=FP8_DTYPE) for _ in range(4)]
     caches[1], caches[3] = twin.v_by_token(caches[1]), twin.v_by_token(caches[3])
+    caches[0] = twin.keys_by_head(caches[0])
     scales = [torch.ones(4, 16, 2) for _ in range(4)]
     scales[0], scales[1] = twin.scales_by_head(scales[0]), twin.scales_by_head(scales[1])
     kernels.write_kv(key, value, caches[0], caches[1], slots, scales[0], scales[1])

@@ -60,6 +60,13 @@ def v_by_token(v_cache: torch.Tensor) -> torch.Tensor:
     return v_cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
 
 
+def keys_by_head(k_cache: torch.Tensor) -> torch.Tensor:
+    """The same keys laid out head by head in memory ([num_blocks, num_kv_heads, block_size,
+    head_dim]), seen as [num_blocks, block_size, num_kv_heads, head_dim]: how an FP8 cache
+    holds K beside V by token, so that a page's keys of one KV head are one run of bytes."""
+    return k_cache.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+
+
 def scales_by_head(scale: torch.Tensor) -> torch.Tensor:
     """An FP8 cache's scales [num_blocks, block_size, num_kv_heads] laid out head by head in
     memory ([num_blocks, num_kv_heads, block_size]) and seen through the same shape: how the

@@ -41,7 +41,7 @@ EXTEND_BLOCK_N = 64
 @triton.jit
 def _write_kv_kernel(
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
-    stride_kt, stride_kh, stride_vt, stride_vh, stride_cslot, stride_chead,
+    stride_kt, stride_kh, stride_vt, stride_vh, stride_cblock, stride_cslot, stride_chead,
     stride_sblock, stride_sslot, stride_shead,
     stride_vblock, stride_vslot, stride_vhead, stride_vdim,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, FP8_KV: tl.constexpr, PAGE: tl.constexpr,
@@ -54,7 +54,8 @@ def _write_kv_kernel(
         mask = d < HEAD_DIM
         k = tl.load(key_ptr + t * stride_kt + h * stride_kh + d, mask=mask, other=0.0)
         v = tl.load(value_ptr + t * stride_vt + h * stride_vh + d, mask=mask, other=0.0)
-        dst = slot * stride_cslot + h * stride_chead + d
+        # K by its strides: an FP8 cache's is laid out head by head (`keys_by_head`)
+        dst = (slot // PAGE) * stride_cblock + (slot % PAGE) * stride_cslot + h * stride_chead + d
         # V by its own strides: an FP8 cache's is laid out by token (`v_by_token`)
         v_dst = (slot // PAGE) * stride_vblock + (slot % PAGE) * stride_vslot + h * stride_vhead
         v_dst += d * stride_vdim
@@ -85,7 +86,7 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=N
         key, value, k_cache, v_cache, slot_mapping,
         k_scale if fp8 else k_cache, v_scale if fp8 else v_cache,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        k_cache.stride(1), k_cache.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         *kv_scale_args(k_cache, (k_scale, v_scale) if fp8 else None)[2:], *v_cache.stride(),
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), FP8_KV=fp8,
         PAGE=k_cache.shape[1],

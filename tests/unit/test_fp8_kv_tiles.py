@@ -127,6 +127,7 @@ def test_the_engine_lays_an_fp8_caches_scales_out_head_by_head() -> None:
     layer = allocate_kv_caches(shape, 5, 16, FP8_DTYPE, torch.device("cpu"))[1]
     assert layer.k_scale.shape == layer.v_scale.shape == (5, 16, 3)
     assert layer.k_scale.stride() == layer.v_scale.stride() == (48, 1, 16)
+    assert layer.k.shape == (5, 16, 3, 8) and layer.k.stride() == (384, 8, 128, 1)  # K by head
     by_slot = torch.arange(5 * 16 * 3, dtype=torch.float32).view(5, 16, 3)
     by_head = twin.scales_by_head(by_slot)
     assert torch.equal(by_head, by_slot) and by_head.stride() == (48, 1, 16)

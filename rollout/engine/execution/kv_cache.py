@@ -114,13 +114,18 @@ def allocate_kv_caches(
     scales = torch.ones(shape.num_layers, 2, *by_head, dtype=torch.float32, device=device)
     scales = scales.permute(0, 1, 2, 4, 3)
     by_token = (num_blocks, shape.num_kv_heads, shape.head_dim, block_size)
+    keys_by_head = (num_blocks, shape.num_kv_heads, block_size, shape.head_dim)
+
+    def keys(i: int) -> torch.Tensor:
+        if not lays_out_v_by_token(block_size):  # pages longer than the kernels' tiles
+            return storage[i, 0]
+        return storage[i, 0].view(keys_by_head).permute(0, 2, 1, 3)
 
     def values(i: int) -> torch.Tensor:
-        if not lays_out_v_by_token(block_size):  # pages longer than the kernels' tiles
+        if not lays_out_v_by_token(block_size):
             return storage[i, 1]
         return storage[i, 1].view(by_token).permute(0, 3, 1, 2)
 
     return [
-        LayerKV(storage[i, 0], values(i), scales[i, 0], scales[i, 1])
-        for i in range(shape.num_layers)
+        LayerKV(keys(i), values(i), scales[i, 0], scales[i, 1]) for i in range(shape.num_layers)
     ]
