@@ -16,11 +16,11 @@ tokens to 128 at 2K, under a 16K static maximum), for each of a few launch choic
 launches (one per layer of an 8B model) over the number of launches, as the engine runs it
 (bench_gemm's `time_in_graph`); do_bench's per-call timing would add the host's launch time to
 kernels of a few microseconds. With --fp8-kv each point times the bf16 cache at the default
-launch beside an FP8 cache (e4m3, a scale per token and KV head, V laid out by token and the
-scales head by head: as the engine stores it) at the default and a few other launch choices, the
+launch beside an FP8 cache (e4m3, a scale per token and KV head, K and the scales laid out head by
+head and V by token: as the engine stores it) at the default and a few other launch choices, the
 FP8 cache's bytes counted for its bandwidth; "bf16 tiles" widens the keys to the query's bf16
 rather than to fp16 (`triton_attention_tiles.fp16_keys`); "scales by slot" reads the scales laid
-out [block, slot, KV head], "K by head" K laid out [block, KV head, slot, dim]; --v-by-dim adds V
+out [block, slot, KV head], "K by slot" K laid out [block, slot, KV head, dim]; --v-by-dim adds V
 laid out by dim, as a bf16 cache's.
 --shared-prefix P makes each group of --group-size sequences read the same pages for their first
 P tokens, as the samples of a grpo prompt do (the reads are counted as read, shared or not).
@@ -248,7 +248,7 @@ def sweep_regimes(args) -> list[dict]:
     from rollout.kernels import triton_decode_attention as decode
     from rollout.kernels import triton_paged_attention as kernels
     from rollout.kernels.torch_fp8 import quantize_kv
-    from rollout.kernels.torch_paged_attention import scales_by_head, v_by_token
+    from rollout.kernels.torch_paged_attention import keys_by_head, scales_by_head, v_by_token
     from rollout.kernels.triton_attention_tiles import fp8_kv_tiles
 
     hkv, d, bs, dtype = args.kv_heads, args.head_dim, args.block_size, torch.bfloat16
@@ -274,9 +274,9 @@ def sweep_regimes(args) -> list[dict]:
             "FP8, query rows wide": dataclasses.replace(base, fp8_keys_wide=False),
             # the scales laid out by slot ([block, slot, KV head]), not head by head
             "FP8, scales by slot": base,
-            # K laid out head by head too ([block, KV head, slot, dim]: a page's keys of one KV
-            # head in one run), not by slot; the kernels read it by its strides
-            "FP8, K by head": base,
+            # K laid out by slot ([block, slot, KV head, dim]: a page's keys of one KV head in
+            # 128-byte pieces a slot apart), as a bf16 cache's, not head by head
+            "FP8, K by slot": base,
         }
         if args.v_by_dim:
             choices["FP8, V by dim"] = base
@@ -321,15 +321,14 @@ def sweep_regimes(args) -> list[dict]:
             max_context,
         )
         kv_bytes = 2 * sum(contexts) * hkv * d * k_cache.element_size()
-        fp8_inputs = by_dim_inputs = k_by_head_inputs = k8_by_head = fp8_kv_bytes = None
+        fp8_inputs = by_dim_inputs = k_by_slot_inputs = fp8_kv_bytes = None
         if args.fp8_kv:
             k8, k_scale_by_slot = quantize_kv(k_cache)
             v8, v_scale_by_slot = quantize_kv(inputs[2])
             k_scale, v_scale = scales_by_head(k_scale_by_slot), scales_by_head(v_scale_by_slot)
-            fp8_inputs = (inputs[0], k8, v_by_token(v8), *inputs[3:])
-            by_dim_inputs = (inputs[0], k8, v8, *inputs[3:])
-            k8_by_head = k8.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
-            k_by_head_inputs = (inputs[0], k8_by_head, *fp8_inputs[2:])
+            fp8_inputs = (inputs[0], keys_by_head(k8), v_by_token(v8), *inputs[3:])
+            by_dim_inputs = (inputs[0], fp8_inputs[1], v8, *inputs[3:])
+            k_by_slot_inputs = (inputs[0], k8, *fp8_inputs[2:])
             fp8_kv_bytes = kv_bytes // 2 + 2 * sum(contexts) * hkv * k_scale.element_size()
         line = []
         for name, tiles in choices.items():
@@ -337,8 +336,8 @@ def sweep_regimes(args) -> list[dict]:
             chosen = inputs
             if fp8:
                 chosen = by_dim_inputs if name.endswith("V by dim") else fp8_inputs
-                if "K by head" in name:
-                    chosen = k_by_head_inputs
+                if "K by slot" in name:
+                    chosen = k_by_slot_inputs
             kv_scales = (k_scale, v_scale) if fp8 else None
             if "scales by slot" in name:
                 kv_scales = (k_scale_by_slot, v_scale_by_slot)
@@ -356,7 +355,7 @@ def sweep_regimes(args) -> list[dict]:
         if args.fp8_kv:
             print(f"  {point:>9s} ({kv_bytes / 1e6:7.1f} MB/layer bf16): " + " | ".join(line),
                   flush=True)  # fmt: skip
-            del inputs, k_cache, fp8_inputs, by_dim_inputs, k_by_head_inputs, k8_by_head
+            del inputs, k_cache, fp8_inputs, by_dim_inputs, k_by_slot_inputs
             torch.cuda.empty_cache()
             continue
         # A verification step of 4 drafts a sequence (5 tokens each, as its graph lays it out):

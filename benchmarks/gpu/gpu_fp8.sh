@@ -85,8 +85,13 @@
 #            the default's 187 registers allow 8), also aiming at 2,048 programs (from 16
 #            sequences too), beside the default and bf16
 #   attn-k-by-head  the FP8 decode read with K laid out head by head in each page (a page's keys
-#            of one KV head in one 2 KB run, as V's are) against the engine's by-slot K, beside
-#            bf16, at those pairs (MERGE_POINTS)
+#            of one KV head in one 2 KB run, as V's are: the engine's layout) against K by slot,
+#            beside bf16, at those pairs (MERGE_POINTS)
+#   attn-k-by-head-tiles  the same read in one-warp programs (the default), four-warp ones, and
+#            four-warp ones of pieces up to 1,024 tokens, beside K by slot, at a grpo run's
+#            pairs and at contexts drawn as grpo's (KHEAD_POINTS)
+#   grpo-tiles  grpo-w8a8-head-input with the --decode-tiles fields of GRPO_TILES
+#            ("field=val ..."), its JSON named grpo_qwen3-8b_$GRPO_NAME (default tiles)
 #   grpo-one-warp-merge  grpo-w8a8-head-input with the 1-warp programs' merge loads of
 #            ONE_WARP_MERGE_PAIRS (default 16) pairs, and ONE_WARP_EXTRA (more --decode-tiles
 #            fields, e.g. "fp8_one_warp_target_programs=2048")
@@ -267,7 +272,14 @@ for part in "$@"; do
     attn-merge-pairs) LINES_SHOWN=20 attn merge_pairs 300 "${MERGE_POINTS:-$GRPO_PAIRS}" \
       "bf16 KV;FP8 KV;FP8 KV with fp8_one_warp_merge_pairs=16;FP8 KV with fp8_one_warp_merge_pairs=8;FP8 KV with fp8_one_warp_merge_pairs=16,fp8_one_warp_target_programs=2048;FP8 KV with fp8_one_warp_merge_pairs=16,fp8_one_warp_min_pairs=128,fp8_one_warp_target_programs=2048" ;;
     attn-k-by-head) LINES_SHOWN=20 attn k_by_head 240 "${MERGE_POINTS:-$GRPO_PAIRS}" \
-      "bf16 KV;FP8 KV;FP8, K by head;FP8, K by head with fp8_full_batch_block_n=0" ;;
+      "bf16 KV;FP8, K by slot;FP8 KV;FP8 KV with fp8_full_batch_block_n=0" ;;
+    attn-k-by-head-tiles) LINES_SHOWN=20 attn k_by_head_tiles 300 \
+      "${KHEAD_POINTS:-$GRPO_PAIRS,32x4000~,48x3000~,64x2500~,96x1500~}" \
+      "bf16 KV;FP8, K by slot;FP8 KV;FP8 KV with fp8_full_batch_block_n=0;FP8 KV with fp8_full_batch_block_n=0,fp8_full_batch_split_len=1024" ;;
+    grpo-tiles)
+      extra=()
+      for field in ${GRPO_TILES:-}; do extra+=(--decode-tiles "$field"); done
+      grpo_main "${GRPO_NAME:-tiles}" "${extra[@]}" ;;
     grpo-one-warp-merge)
       extra=()
       for field in ${ONE_WARP_EXTRA:-}; do extra+=(--decode-tiles "$field"); done

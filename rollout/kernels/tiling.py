@@ -75,8 +75,9 @@ class DecodeTiles:
     fp8_one_warp_num_stages: int = 0
     # The one-warp launches' merge_pairs (0: merge_pairs'). A merge load of 32 pairs holds 128
     # fp32 values a thread in one warp (32 in four): compiled for the H100 by Triton 3.6 that
-    # takes the whole kernel to 187 registers, 8 programs an SM; 16 pairs, 149 (12 an SM). For
-    # benchmarks.
+    # takes the whole kernel to 187 registers, 8 programs an SM; 16 pairs, 149 (12 an SM), yet
+    # read up to 12% slower at a grpo run's batches, the more so aiming at 2,048 programs
+    # ('FP8 KV: K head by head' in docs/performance.md). For benchmarks.
     fp8_one_warp_merge_pairs: int = 0
 
     def __post_init__(self) -> None:

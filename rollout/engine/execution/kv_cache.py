@@ -5,8 +5,9 @@ With `kv_cache_dtype="fp8"` each layer's keys and values are e4m3 with a power-o
 head instead of 2 x 2 x head_dim, so the same memory holds 1.9x the tokens at head_dim 128.
 Its V pages (of up to 64 tokens, a power of two) are laid out by token
 (`torch_paged_attention.v_by_token`), which lets the decode and extend kernels widen V's tiles
-in the MMA's operand layout, and its scales head by head (`scales_by_head`), so a tile's scales
-are a few adjacent bytes.
+in the MMA's operand layout; its K pages and its scales are laid out head by head
+(`keys_by_head`, `scales_by_head`), so a page's keys of one KV head are one run of bytes and a
+tile's scales a few adjacent ones.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def allocate_kv_caches(
     """One tensor for all layers' K and V (and one for their FP8 scales); per layer views of
     [num_blocks, block_size, num_kv_heads, head_dim] (an FP8 cache's V laid out by token in
     memory, [num_blocks, num_kv_heads, head_dim, block_size], where its pages are of up to 64
-    tokens, a power of two: `lays_out_v_by_token`; its scales head by head, `scales_by_head`)."""
+    tokens, a power of two: `lays_out_v_by_token`; its K, [num_blocks, num_kv_heads, block_size,
+    head_dim], and its scales head by head there too: `keys_by_head`, `scales_by_head`)."""
     dims = (num_blocks, block_size, shape.num_kv_heads)
     storage = torch.zeros(shape.num_layers, 2, *dims, shape.head_dim, dtype=dtype, device=device)
     if dtype != FP8_DTYPE:
