@@ -242,6 +242,7 @@ def sweep_regimes(args) -> list[dict]:
     import functools
 
     import torch
+    from triton.compiler.errors import CompilationError
     from triton.runtime.errors import OutOfResources
 
     from benchmarks.bench_gemm import time_in_graph
@@ -345,7 +346,7 @@ def sweep_regimes(args) -> list[dict]:
             try:
                 with fp8_kv_tiles(tiles_of(name)):
                     us = 1e3 * time_in_graph(lambda i, run=run: run(), copies=36)
-            except OutOfResources as err:  # e.g. registers: not a candidate
+            except (OutOfResources, CompilationError) as err:  # e.g. registers: not a candidate
                 line.append(f"{name} skipped ({err})")
                 continue
             read = fp8_kv_bytes if fp8 else kv_bytes

@@ -90,6 +90,9 @@
 #   attn-k-by-head-tiles  the same read in one-warp programs (the default), four-warp ones, and
 #            four-warp ones of pieces up to 1,024 tokens, beside K by slot, at a grpo run's
 #            pairs and at contexts drawn as grpo's (KHEAD_POINTS)
+#   attn-full-batch-tiles  the FP8 decode read from 256 (sequence, KV head) pairs in programs of
+#            other tiles: 4 and 8 warps of 256 tokens, 1 and 2 warps of 64, 2 of 128, beside the
+#            default (1 warp of 32 tokens) and bf16, at a grpo run's pairs (FULL_BATCH_POINTS)
 #   grpo-tiles  grpo-w8a8-head-input with the --decode-tiles fields of GRPO_TILES
 #            ("field=val ..."), its JSON named grpo_qwen3-8b_$GRPO_NAME (default tiles)
 #   grpo-one-warp-merge  grpo-w8a8-head-input with the 1-warp programs' merge loads of
@@ -276,6 +279,9 @@ for part in "$@"; do
     attn-k-by-head-tiles) LINES_SHOWN=20 attn k_by_head_tiles 300 \
       "${KHEAD_POINTS:-$GRPO_PAIRS,32x4000~,48x3000~,64x2500~,96x1500~}" \
       "bf16 KV;FP8, K by slot;FP8 KV;FP8 KV with fp8_full_batch_block_n=0;FP8 KV with fp8_full_batch_block_n=0,fp8_full_batch_split_len=1024" ;;
+    attn-full-batch-tiles) LINES_SHOWN=20 attn full_batch_tiles 300 \
+      "${FULL_BATCH_POINTS:-$GRPO_PAIRS}" \
+      "bf16 KV;FP8 KV;FP8 KV with fp8_full_batch_block_n=256,fp8_full_batch_num_warps=4;FP8 KV with fp8_full_batch_block_n=256,fp8_full_batch_num_warps=8;FP8 KV with fp8_full_batch_block_n=64;FP8 KV with fp8_full_batch_block_n=64,fp8_full_batch_num_warps=2;FP8 KV with fp8_full_batch_block_n=128,fp8_full_batch_num_warps=2" ;;
     grpo-tiles)
       extra=()
       for field in ${GRPO_TILES:-}; do extra+=(--decode-tiles "$field"); done
