@@ -92,6 +92,8 @@
 #            pairs and at contexts drawn as grpo's (KHEAD_POINTS)
 #   regimes-main  decode steps by kernel (bench_decode_regimes.py) at REGIME_POINTS in main's FP8
 #            setting (weights, KV, activations, LM head and its input), then in bf16
+#   regimes-code  the same at CODE_POINTS (default 8x10000), unprofiled, with inductor's generated
+#            code in the logs (TORCH_LOGS=output_code): the kernels' source and launch configs
 #   attn-full-batch-tiles  the FP8 decode read from 256 (sequence, KV head) pairs in programs of
 #            other tiles: 4 and 8 warps of 256 tokens, 1 and 2 warps of 64, 2 of 128, beside the
 #            default (1 warp of 32 tokens) and bf16, at a grpo run's pairs (FULL_BATCH_POINTS)
@@ -371,6 +373,14 @@ for part in "$@"; do
         LINES_SHOWN=8 run "decode_regimes_main_$setting" 180 benchmarks/bench_decode_regimes.py \
           --steps 20 --points ${REGIME_POINTS:-1x2048,8x3000,32x3000,96x1500} "${settings[@]}" \
           --json-out "$OUT_DIR/decode_regimes_main_$setting.json"
+      done ;;
+    regimes-code)
+      for setting in fp8 bf16; do
+        settings=("${FP8_MAIN[@]}")
+        [ "$setting" = bf16 ] && settings=(--engine weight_quantization=none)
+        TORCH_LOGS=output_code LINES_SHOWN=4 run "decode_regimes_code_$setting" 180 \
+          benchmarks/bench_decode_regimes.py --steps 5 --no-profile \
+          --points ${CODE_POINTS:-8x10000} "${settings[@]}"
       done ;;
     regimes-e4m3)
       for rounding in conversion bits; do
