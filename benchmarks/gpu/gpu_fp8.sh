@@ -381,6 +381,9 @@ for part in "$@"; do
         TORCH_LOGS=output_code LINES_SHOWN=4 run "decode_regimes_code_$setting" 180 \
           benchmarks/bench_decode_regimes.py --steps 5 --no-profile \
           --points ${CODE_POINTS:-8x10000} "${settings[@]}"
+        # each generated kernel's heuristics (size hints, reduction kind) beside its name
+        awk '/^@triton_heuristics/ {p = 1} p {print} /^def triton_/ {p = 0}' \
+          "$OUT_DIR/decode_regimes_code_$setting.log" > "$OUT_DIR/decode_regimes_code_${setting}_kernels.txt"
       done ;;
     regimes-e4m3)
       for rounding in conversion bits; do
