@@ -104,8 +104,9 @@ def allocate_kv_caches(
     """One tensor for all layers' K and V (and one for their FP8 scales); per layer views of
     [num_blocks, block_size, num_kv_heads, head_dim] (an FP8 cache's V laid out by token in
     memory, [num_blocks, num_kv_heads, head_dim, block_size], where its pages are of up to 64
-    tokens, a power of two: `lays_out_v_by_token`; its K, [num_blocks, num_kv_heads, block_size,
-    head_dim], and its scales head by head there too: `keys_by_head`, `scales_by_head`)."""
+    tokens, a power of two: `lays_out_v_by_token`; there its K is laid out head by head,
+    [num_blocks, num_kv_heads, block_size, head_dim], and so are its scales: `keys_by_head`,
+    `scales_by_head`)."""
     dims = (num_blocks, block_size, shape.num_kv_heads)
     storage = torch.zeros(shape.num_layers, 2, *dims, shape.head_dim, dtype=dtype, device=device)
     if dtype != FP8_DTYPE:
