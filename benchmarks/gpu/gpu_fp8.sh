@@ -145,6 +145,16 @@ attn() {  # attn NAME SECONDS POINTS CHOICES: the decode read beside an FP8 cach
     benchmarks/bench_attention.py --regimes --fp8-kv --points "$3" --choices "$4" \
     --json-out "$OUT_DIR/attention_regimes_fp8_kv_$1.json"
 }
+regimes_main() {  # regimes_main NAME ARGS...: bench_decode_regimes in main's FP8 setting, then bf16
+  local name=$1 setting
+  shift
+  for setting in fp8 bf16; do
+    local settings=("${FP8_MAIN[@]}")
+    [ "$setting" = bf16 ] && settings=(--engine weight_quantization=none)
+    run "decode_regimes_${name}_$setting" 180 benchmarks/bench_decode_regimes.py "$@" \
+      "${settings[@]}" --json-out "$OUT_DIR/decode_regimes_${name}_$setting.json"
+  done
+}
 # equal contexts and contexts drawn as grpo's (BxC~), 16-128 sequences
 CROWDED=${CROWDED_POINTS:-16x8000,32x2000,32x5000,48x3000,64x1000,64x4096,96x1500,128x700,128x2000,32x4000~,48x3000~,64x2500~,96x1500~,128x800~}
 # a grpo run's own (running, context) pairs from 16 running (its samples start together)
@@ -366,22 +376,12 @@ for part in "$@"; do
           --engine activation_quantization=$activations \
           --json-out "$OUT_DIR/decode_regimes_w8a8_$activations.json"
       done ;;
-    regimes-main)
-      for setting in fp8 bf16; do
-        settings=("${FP8_MAIN[@]}")
-        [ "$setting" = bf16 ] && settings=(--engine weight_quantization=none)
-        LINES_SHOWN=8 run "decode_regimes_main_$setting" 180 benchmarks/bench_decode_regimes.py \
-          --steps 20 --points ${REGIME_POINTS:-1x2048,8x3000,32x3000,96x1500} "${settings[@]}" \
-          --json-out "$OUT_DIR/decode_regimes_main_$setting.json"
-      done ;;
+    regimes-main) LINES_SHOWN=8 regimes_main main --steps 20 \
+      --points "${REGIME_POINTS:-1x2048,8x3000,32x3000,96x1500}" ;;
     regimes-code)
-      for setting in fp8 bf16; do
-        settings=("${FP8_MAIN[@]}")
-        [ "$setting" = bf16 ] && settings=(--engine weight_quantization=none)
-        TORCH_LOGS=output_code LINES_SHOWN=4 run "decode_regimes_code_$setting" 180 \
-          benchmarks/bench_decode_regimes.py --steps 5 --no-profile \
-          --points ${CODE_POINTS:-8x10000} "${settings[@]}"
-        # each generated kernel's heuristics (size hints, reduction kind) beside its name
+      TORCH_LOGS=output_code LINES_SHOWN=4 regimes_main code --steps 5 --no-profile \
+        --points "${CODE_POINTS:-8x10000}"
+      for setting in fp8 bf16; do  # each generated kernel's heuristics beside its name
         awk '/^@triton_heuristics/ {p = 1} p {print} /^def triton_/ {p = 0}' \
           "$OUT_DIR/decode_regimes_code_$setting.log" > "$OUT_DIR/decode_regimes_code_${setting}_kernels.txt"
       done ;;
