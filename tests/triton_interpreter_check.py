@@ -555,6 +555,26 @@ def check_rounded_rows() -> float:
     return worst
 
 
+def check_qk_rope() -> float:
+    """Qwen3's q/k norms and rotary in one launch against their twin: decode's token a program
+    and prefill's eight (a partial last tile), head_dims whose halves are and are not a power of
+    two, rows of other magnitudes, the value heads left out."""
+    from rollout.kernels import torch_qk_rope, triton_qk_rope
+
+    g = torch.Generator().manual_seed(6)
+    worst = 0.0
+    for tokens, head_dim, num_q, num_kv in [(1, 128, 4, 2), (5, 96, 2, 1), (300, 16, 4, 2)]:
+        qkv = torch.randn(tokens, (num_q + 2 * num_kv) * head_dim, generator=g)
+        qkv[tokens // 2] *= 1e3
+        q_weight, k_weight = torch.randn(2, head_dim, generator=g)
+        angles = torch.rand(tokens, head_dim, generator=g) * 30
+        cos, sin = angles.cos(), angles.sin()
+        got = triton_qk_rope.launch(qkv, q_weight, k_weight, 1e-6, cos, sin, num_q, num_kv)
+        want = torch_qk_rope.qk_norm_rope(qkv, q_weight, k_weight, 1e-6, cos, sin, num_q, num_kv)
+        worst = max(worst, _error(got, want))
+    return worst
+
+
 if __name__ == "__main__":
     failed = False
     for name, check in [
@@ -572,6 +592,7 @@ if __name__ == "__main__":
         ("one-pass sampler", check_sampler),
         ("FP8 activations and weights GEMM", check_w8a8_linear),
         ("RMSNorm and silu * up rounded for FP8 activations", check_rounded_rows),
+        ("Qwen3's q/k norms and rotary", check_qk_rope),
     ]:
         error = check()
         print(f"{name}: max |triton - twin| = {error:.3g}")

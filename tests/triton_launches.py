@@ -28,7 +28,7 @@ import torch
 from rollout.kernels.triton_attention_tiles import fp16_keys
 
 # Launch options the kernels pass beside their arguments.
-_OPTIONS = ("num_warps", "num_stages", "num_ctas")
+_OPTIONS = ("num_warps", "num_stages", "num_ctas", "enable_fp_fusion")
 # torch dtype -> Triton's pointer element name.
 _POINTEE = {
     "torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16",
@@ -150,20 +150,25 @@ _ACTIVATIONS = {
     "_rms_norm_rounded_kernel": ("x_ptr", "r_ptr", "w_ptr", "h_ptr", "y_ptr"),
     "_silu_mul_rounded_kernel": ("gu_ptr", "y_ptr"),
     "_round_rows_kernel": ("x_ptr", "y_ptr"),
+    "_qk_norm_rope_kernel": ("x_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "out_ptr"),
 }
 _ROUNDINGS = ("_rms_norm_rounded_kernel", "_silu_mul_rounded_kernel", "_round_rows_kernel")
+# Kernels that round to the activations' dtype between their steps, as transformers does: the
+# interpreter ran them in fp32, where those roundings vanish.
+_DTYPE_ROUNDINGS = ("_qk_norm_rope_kernel",)
 
 
 def bf16_twins(launches: list[dict]) -> list[dict]:
     """Each distinct launch that read FP8 (weights or KV), with bf16 activations and the fast
-    widening on, and each that rounded to FP8, with bf16 activations: as a bf16 model on the GPU
-    launches them."""
+    widening on, and each that rounded to FP8 or to the activations' dtype, with bf16
+    activations: as a bf16 model on the GPU launches them."""
     twins = {}
     for launch in launches:
         args = launch["args"]
         reads_fp8 = args.get("FP8", {}).get("value") or args.get("FP8_KV", {}).get("value")
         rounds_to_fp8 = launch["kernel"] in _ROUNDINGS
-        if not (reads_fp8 and "FAST_WIDEN" in args) and not rounds_to_fp8:
+        rounds_to_dtype = launch["kernel"] in _DTYPE_ROUNDINGS
+        if not (reads_fp8 and "FAST_WIDEN" in args) and not rounds_to_fp8 and not rounds_to_dtype:
             continue
         twin = json.loads(json.dumps(launch))
         for name in _ACTIVATIONS[launch["kernel"]]:
@@ -171,6 +176,9 @@ def bf16_twins(launches: list[dict]) -> list[dict]:
                 twin["args"][name] = {**twin["args"][name], "pointer": "bf16"}
         if rounds_to_fp8:  # rounded by the GPU's conversion instruction, as on the GPU
             twin["args"]["HW_E4M3"] = {"value": True}
+            twins.setdefault(json.dumps(twin, sort_keys=True), twin)
+            continue
+        if rounds_to_dtype:
             twins.setdefault(json.dumps(twin, sort_keys=True), twin)
             continue
         twin["args"]["FAST_WIDEN"] = {"value": True}

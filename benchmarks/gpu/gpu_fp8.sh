@@ -102,6 +102,9 @@
 #   grpo-one-warp-merge  grpo-w8a8-head-input with the 1-warp programs' merge loads of
 #            ONE_WARP_MERGE_PAIRS (default 16) pairs, and ONE_WARP_EXTRA (more --decode-tiles
 #            fields, e.g. "fp8_one_warp_target_programs=2048")
+#   grpo-qk-rope-off  grpo-w8a8-head-input with Qwen3's q/k norms and rotary as torch.compile
+#            makes them (fused_qk_rope=false); grpo-bf16-qk-rope-off the same in bf16
+#   regimes-qk-rope-off  regimes-main with fused_qk_rope=false
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out), the rollout runs' plots to $PLOT_DIR (default
 # $OUT_DIR: point it elsewhere where only a few files can be brought back); ROLLOUT_COMMIT=<sha>
@@ -378,6 +381,13 @@ for part in "$@"; do
       done ;;
     regimes-main) LINES_SHOWN=8 regimes_main main --steps 20 \
       --points "${REGIME_POINTS:-1x2048,8x3000,32x3000,96x1500}" ;;
+    grpo-qk-rope-off) grpo_main qk_rope_off --engine fused_qk_rope=false ;;
+    grpo-bf16-qk-rope-off) run grpo_qwen3-8b_bf16_qk_rope_off 300 benchmarks/bench_rollout.py \
+      --workload grpo --modes overlap --engine fused_qk_rope=false \
+      --json-out "$OUT_DIR/grpo_qwen3-8b_bf16_qk_rope_off.json" \
+      --plot-out "$PLOT_DIR/grpo_qwen3-8b_bf16_qk_rope_off.png" ;;
+    regimes-qk-rope-off) LINES_SHOWN=8 regimes_main qk_rope_off --steps 20 \
+      --points "${REGIME_POINTS:-1x2048,8x3000,32x3000,96x1500}" --engine fused_qk_rope=false ;;
     regimes-code)
       TORCH_LOGS=output_code LINES_SHOWN=4 regimes_main code --steps 5 --no-profile \
         --points "${CODE_POINTS:-8x10000}"

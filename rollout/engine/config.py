@@ -56,6 +56,11 @@ class EngineConfig:
     """On CUDA (bf16/fp16), run the output, down and LM-head projections with our Triton GEMM
     when a step has at most 64 rows (decode); cuBLAS otherwise. Faster than cuBLAS for those
     shapes at decode's few rows (benchmarks/bench_gemm.py times both); set False to compare."""
+    fused_qk_rope: bool = True
+    """Run a Qwen3-family attention's q/k norms and rotary embedding as one launch a layer
+    (`rollout::qk_norm_rope`: a Triton kernel on CUDA), where the model's own modules compute
+    the op's reference values (checked at load); with the same roundings as transformers'. Needs
+    `fuse_projections`; set False to compare."""
     fused_moe: bool = True
     """On CUDA, run MoE experts (transformers' 3-D expert weights, SiLU-gated, no biases: Qwen2/3-MoE,
     Mixtral, OLMoE, ...) with our fused Triton kernel, which reads each touched expert once per

@@ -38,6 +38,7 @@ def test_kernels_match_twins_in_the_interpreter_and_compile_for_the_gpu(tmp_path
         "_rms_norm_rounded_kernel",
         "_silu_mul_rounded_kernel",
         "_round_rows_kernel",
+        "_qk_norm_rope_kernel",
     } <= kernels
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -49,8 +50,10 @@ def test_kernels_match_twins_in_the_interpreter_and_compile_for_the_gpu(tmp_path
     assert compiled.returncode == 0, compiled.stdout + compiled.stderr
     assert "distinct launches for sm_90" in compiled.stdout
     assert "bf16 twins of the FP8 launches to sm_90 cubins" in compiled.stdout
-    # the roundings to FP8 compiled with the GPU's own e4m3 conversion too
-    for kernel in ("_rms_norm_rounded_kernel", "_silu_mul_rounded_kernel", "_round_rows_kernel"):
+    # the roundings to FP8 compiled with the GPU's own e4m3 conversion too, and q/k's norms
+    # and rotary with bf16's roundings
+    for kernel in ("_rms_norm_rounded_kernel", "_silu_mul_rounded_kernel", "_round_rows_kernel",
+                   "_qk_norm_rope_kernel"):  # fmt: skip
         assert f"\n{kernel} " in compiled.stdout, kernel
     # --sass: each twin's largest loops counted in its cubin (the FP8 decode read's tile loop,
     # one of them, has K's conversions in it)

@@ -2,11 +2,12 @@
 
 In order: our paged attention registered with transformers; the MoE experts and the softmax
 routers our kernels compute picked out (transformers' path for the rest); q/k/v and gate/up
-fused into one GEMM each; decode's projections routed to our decode GEMM; the decoder layers
-compiled; with `weight_quantization="fp8"`, the projections' and experts' weights rounded to
-their FP8 copies, which the decode GEMMs read (`fp8_weights.py`); with `record_routes`, each router's forward also writes the experts it chose
-(`route_recording.py`). Fusing comes before compiling, because dynamo traces the fused forward. Parameter
-names survive every change, so weight sync by name still works.
+fused into one GEMM each, and Qwen3's q/k norms and rotary into one op; with
+`weight_quantization="fp8"`, the projections' and experts' weights rounded to their FP8 copies,
+which the decode GEMMs read (`fp8_weights.py`); decode's projections routed to our decode GEMM;
+the decoder layers compiled; with `record_routes`, each router's forward also writes the experts
+it chose (`route_recording.py`). Fusing comes before compiling, because dynamo traces the fused
+forward. Parameter names survive every change, so weight sync by name still works.
 
 `PreparedModel.selected()` is the other half: inside it (one engine forward) the model runs our
 implementations; outside it, its own, so a wrapped model's `model(ids)` is unchanged.
@@ -25,7 +26,11 @@ from rollout.engine.model.attention import paged_attention_selected, register_pa
 from rollout.engine.model.compilation import compile_decoder_layers
 from rollout.engine.model.fp8_weights import INPUT_SCALES, Fp8Weights, clear_fp8, quantize_model
 from rollout.engine.model.fused_experts import fused_experts_selected, select_fused_experts
-from rollout.engine.model.fused_projections import fuse_projections, route_decode_linears
+from rollout.engine.model.fused_projections import (
+    fuse_projections,
+    route_decode_linears,
+    route_qk_rope,
+)
 from rollout.engine.model.fused_routing import fused_routers_selected, select_fused_routers
 from rollout.engine.model.rounded_layers import clear_rounded_layers, round_layer_inputs
 from rollout.engine.model.route_recording import RouteRecorder
@@ -82,6 +87,7 @@ def prepare_model(
         prepared.fused_routers = prepared.route_recorder.forwards
     if config.fuse_projections:
         fuse_projections(model)
+    route_qk_rope(model, config.fused_qk_rope)  # unset by an earlier engine's choice too
     if config.weight_quantization == "fp8":  # after fusing: the fused weights get one copy each
         prepared.fp8_weights = quantize_model(
             model,
