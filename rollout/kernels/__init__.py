@@ -13,6 +13,8 @@ torch_fp8.py                FP8 weights: e4m3, power-of-two row scales, the GEMM
 triton_rounded_rows.py      RMSNorm and silu(gate) * up with their outputs rounded to e4m3 (FP8
                             activations), one pass a row
 torch_rounded_rows.py       their PyTorch twins
+triton_qk_rope.py           qk_norm_rope: Qwen3's per-head q/k RMSNorm and rotary in one launch
+torch_qk_rope.py            its PyTorch twin
 triton_routing.py           top_k_routing: an MoE router's softmax and top-k in one launch
 triton_moe.py               fused_experts: MoE experts, each touched expert read once per step
 triton_expert_sort.py       the step's (token, expert) pairs in expert order: a counting sort
