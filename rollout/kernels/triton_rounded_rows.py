@@ -16,6 +16,10 @@ result was used again in registers at these widths (docs/performance.md, 'W8A8: 
 conversion, timed and withdrawn'). Elsewhere, and wherever `HW_E4M3` is off, it is
 `e4m3_bits`' integer and float arithmetic, which stores the same bytes.
 
+At a few rows one program a row leaves most SMs idle while it reads the activation's whole row;
+the split kernel (`SPLIT_ACTIVATION_MAX_ROWS`, off until timed in grpo) spreads each row over
+programs and lets the row's last-arriving one round it, to the same bytes.
+
 Run as the custom ops `rollout::rms_norm_rounded`, `rollout::add_rms_norm_rounded` and
 `rollout::silu_mul_rounded`, and the rounding alone as `rollout::round_rows` (for o's input, the
 attention's output: one pass too), all opaque to torch.compile; off CUDA, under Triton's
