@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rollout import SamplingParams
-from rollout.engine.model.fused_projections import fuse_projections, route_qk_rope
+from rollout.engine.model.fused_projections import fuse_projections
+from rollout.engine.model.fused_qk_rope import route_qk_rope
 from tests import model_zoo
 from tests.conftest import tiny_model
 

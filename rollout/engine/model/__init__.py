@@ -7,6 +7,7 @@ preparation.py            the model made ready once (the pieces below); a step's
 attention.py              our paged attention, registered in transformers' AttentionInterface
 forward_context.py        the per-step metadata that attention function reads
 fused_projections.py      q/k/v and gate/up as one GEMM each (parameter names kept)
+fused_qk_rope.py          Qwen3's q/k norms and rotary as one op, where the modules compute it
 fp8_weights.py            FP8 weights: rounded in place, FP8 copies for the decode GEMMs
 fused_experts.py          our fused MoE kernel, in transformers' experts interface
 fused_routing.py          the softmax routers of known MoE classes as one Triton launch

@@ -20,9 +20,8 @@ Only the attention and MLP classes whose forward was checked against the fused o
 where our Triton kernel beat cuBLAS at decode batch sizes (rollout/kernels/triton_linear.py),
 run through it; q/k/v and gate/up stay with cuBLAS, which was faster there.
 
-`route_qk_rope` sends a Qwen3-family attention's q/k norms and rotary embedding through
-`rollout::qk_norm_rope` (rollout/kernels/triton_qk_rope.py): one launch a layer for what
-torch.compile made two, where the module's own norms and rotary give the op's twin's values.
+Where `fused_qk_rope.route_qk_rope` routed it, the fused attention's q/k norms and rotary run
+as one op (fused_qk_rope.py).
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from rollout.engine.model.fp8_linear import fp8_linear
+from rollout.engine.model.fused_qk_rope import normed_rotated_qk, routed_qk_rope
 from rollout.engine.model.loader import decoder_layers
 from rollout.kernels import triton_rounded_rows  # noqa: F401 - registers the rounding act's op
 from rollout.kernels.linear_residual import plus_residual
@@ -57,8 +57,6 @@ _ATTENTION_CLASSES = {
 }
 # ... and whose MLP is down(act(gate(x)) * up(x)).
 _MLP_CLASSES = {"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"}
-# The per-head q/k norms whose forward torch_qk_rope.rms_norm computes (checked numerically too).
-_QK_NORM_CLASSES = {"Qwen3RMSNorm", "Qwen3MoeRMSNorm"}
 
 
 def fuse_projections(model: nn.Module) -> int:
@@ -110,74 +108,6 @@ def route_decode_linears(model: nn.Module) -> int:
             head.forward = types.MethodType(_decode_head_forward, head)
         routed += 1
     return routed
-
-
-def route_qk_rope(model: nn.Module, enabled: bool) -> int:
-    """With `enabled`, run the q/k norms and rotary of every fused attention whose own modules
-    compute `torch_qk_rope`'s values as `rollout::qk_norm_rope` (one Triton launch on CUDA, the
-    twin elsewhere); without, the modules' own. Returns how many attentions were routed."""
-    from rollout.kernels import triton_qk_rope  # noqa: F401 - registers the op
-
-    routed = 0
-    for layer in _layers_or_none(model):
-        attn = getattr(layer, "self_attn", None)
-        if not hasattr(attn, "_unfused_forward"):  # not a fused attention
-            continue
-        attn._qk_rope = enabled and _qk_rope_serves(attn)
-        routed += attn._qk_rope
-    return routed
-
-
-def _qk_rope_serves(attn: nn.Module) -> bool:
-    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
-    if type(q_norm).__name__ not in _QK_NORM_CLASSES or type(k_norm) is not type(q_norm):
-        return False
-    head_dim = attn.head_dim
-    q_size, k_size = attn.qkv_sizes[:2]
-    if (
-        head_dim % 2
-        or q_size % head_dim
-        or k_size % head_dim
-        or q_norm.weight.shape != (head_dim,)
-        or k_norm.weight.shape != (head_dim,)
-        or q_norm.variance_epsilon != k_norm.variance_epsilon
-    ):
-        return False
-    return _computes_twin(attn)  # each layer's own: a patch may touch one instance
-
-
-def _computes_twin(attn: nn.Module) -> bool:
-    """Whether the module's own norms and rotary give `torch_qk_rope`'s values, bit for bit, on
-    random rows on the module's device: a norm or rotary replaced under the same class name (a
-    hub kernel, a patched forward) keeps the module's own path."""
-    from rollout.kernels import torch_qk_rope
-
-    weight, head_dim = attn.q_norm.weight, attn.head_dim
-    g = torch.Generator().manual_seed(0)
-    qkv = torch.randn(1, 3, sum(attn.qkv_sizes), generator=g).to(weight.device, weight.dtype)
-    angles = torch.rand(1, 3, head_dim, generator=g) * 6.0
-    cos, sin = (f(angles).to(weight.device, weight.dtype) for f in (torch.cos, torch.sin))
-    q_size, k_size = attn.qkv_sizes[:2]
-    with torch.no_grad():
-        query = attn.q_norm(qkv[..., :q_size].reshape(1, 3, -1, head_dim)).transpose(1, 2)
-        key = attn.k_norm(qkv[..., q_size : q_size + k_size].reshape(1, 3, -1, head_dim))
-        query, key = attn._rotary(query, key.transpose(1, 2), cos, sin)
-        own = torch.cat((query, key), dim=1).transpose(1, 2)
-        twin = torch_qk_rope.qk_norm_rope(
-            qkv, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.variance_epsilon, cos, sin,
-            q_size // head_dim, k_size // head_dim,
-        )  # fmt: skip
-    return own.shape == twin.shape and own.dtype == twin.dtype and torch.equal(own, twin)
-
-
-def _routed_qk_rope(attn: nn.Module, qkv: torch.Tensor, cos, sin) -> bool:
-    """Whether this call runs `rollout::qk_norm_rope`: routed, and the activations, norm weights,
-    cos and sin in one dtype (what the kernel and twin compute in)."""
-    return (
-        getattr(attn, "_qk_rope", False)
-        and qkv.dtype == attn.q_norm.weight.dtype == attn.k_norm.weight.dtype
-        and cos.dtype == sin.dtype == qkv.dtype
-    )
 
 
 def _layers_or_none(model: nn.Module) -> list[nn.Module]:
@@ -264,14 +194,8 @@ def _fused_attention_forward(
     query, key, value = qkv.split(self.qkv_sizes, dim=-1)
     value = value.reshape(hidden_shape).transpose(1, 2)
     cos, sin = position_embeddings
-    if _routed_qk_rope(self, qkv, cos, sin):  # q/k norms and rotary: one launch
-        num_q = self.qkv_sizes[0] // self.head_dim
-        normed = torch.ops.rollout.qk_norm_rope(
-            qkv, self.q_norm.weight, self.k_norm.weight, self.q_norm.variance_epsilon, cos, sin,
-            num_q, self.qkv_sizes[1] // self.head_dim,
-        )  # fmt: skip
-        query = normed[..., :num_q, :].transpose(1, 2)
-        key = normed[..., num_q:, :].transpose(1, 2)
+    if routed_qk_rope(self, qkv, cos, sin):  # q/k norms and rotary: one launch
+        query, key = normed_rotated_qk(self, qkv, cos, sin)
     else:
         query = query.reshape(hidden_shape)
         key = key.reshape(hidden_shape)

@@ -26,11 +26,8 @@ from rollout.engine.model.attention import paged_attention_selected, register_pa
 from rollout.engine.model.compilation import compile_decoder_layers
 from rollout.engine.model.fp8_weights import INPUT_SCALES, Fp8Weights, clear_fp8, quantize_model
 from rollout.engine.model.fused_experts import fused_experts_selected, select_fused_experts
-from rollout.engine.model.fused_projections import (
-    fuse_projections,
-    route_decode_linears,
-    route_qk_rope,
-)
+from rollout.engine.model.fused_projections import fuse_projections, route_decode_linears
+from rollout.engine.model.fused_qk_rope import route_qk_rope
 from rollout.engine.model.fused_routing import fused_routers_selected, select_fused_routers
 from rollout.engine.model.rounded_layers import clear_rounded_layers, round_layer_inputs
 from rollout.engine.model.route_recording import RouteRecorder
