@@ -272,14 +272,6 @@ def main(argv: list[str] | None = None) -> None:
         help="GPU, FP8 activations: round with the bit arithmetic, not the GPU's conversion "
         "instruction (triton_rounded_rows.HW_E4M3), to time the two",
     )
-    parser.add_argument(
-        "--split-activation",
-        type=int,
-        default=None,
-        metavar="ROWS",
-        help="GPU, FP8 activations: split the rounding activation's rows over programs up to "
-        "ROWS rows (triton_rounded_rows.SPLIT_ACTIVATION_MAX_ROWS), to time the two",
-    )
     parser.add_argument("--json-out", default="")
     args = parser.parse_args(argv)
 
@@ -303,10 +295,6 @@ def main(argv: list[str] | None = None) -> None:
         from rollout.kernels import triton_rounded_rows
 
         triton_rounded_rows.HW_E4M3 = False
-    if args.split_activation is not None:
-        from rollout.kernels import triton_rounded_rows
-
-        triton_rounded_rows.SPLIT_ACTIVATION_MAX_ROWS = args.split_activation
     from benchmarks.lib.roofline import floor_bandwidth
 
     floor_bandwidth(device)  # measured (off an H200) before the model takes the memory
@@ -345,7 +333,6 @@ def main(argv: list[str] | None = None) -> None:
         "date": date,
         "engine": settings,
         "decode_tiles": decode_tiles,
-        "split_activation_rows": args.split_activation,
         "steps": args.steps,
         "points": [],
     }

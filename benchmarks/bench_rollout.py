@@ -531,14 +531,6 @@ def main(argv: list[str] | None = None) -> None:
         help="a field of the decode attention's launch shape (DecodeTiles) for the engine runs, "
         "e.g. fp8_full_batch_split_len=1024",
     )
-    parser.add_argument(
-        "--split-activation",
-        type=int,
-        default=None,
-        metavar="ROWS",
-        help="FP8 activations: split the rounding activation's rows over programs up to ROWS "
-        "rows a step (triton_rounded_rows.SPLIT_ACTIVATION_MAX_ROWS; default: the engine's)",
-    )
     parser.add_argument("--profile-steps", type=int, default=0, help="kernel profile of N steps")
     parser.add_argument("--deadline-s", type=float, default=0.0, help="stop each run after this")
     parser.add_argument("--json-out", default="")
@@ -557,10 +549,6 @@ def main(argv: list[str] | None = None) -> None:
         from benchmarks.lib.decode_tiles import set_decode_tiles
 
         args.decode_tiles_used = set_decode_tiles(args.decode_tiles)
-    if args.split_activation is not None:
-        from rollout.kernels import triton_rounded_rows
-
-        triton_rounded_rows.SPLIT_ACTIVATION_MAX_ROWS = args.split_activation
     if args.fp8_kv_tiles:
         from rollout.kernels import triton_attention_tiles
 
@@ -725,7 +713,6 @@ def _write_report(args, name: str, workload, runs: list[dict]) -> dict:
         "torch": torch.__version__,
         "command": " ".join(sys.argv),
         "decode_tiles": args.decode_tiles_used,
-        "split_activation_rows": args.split_activation,
         "runs": runs,
     }
     if args.json_out:

@@ -105,9 +105,6 @@
 #   grpo-qk-rope-off  grpo-w8a8-head-input with Qwen3's q/k norms and rotary as torch.compile
 #            makes them (fused_qk_rope=false); grpo-bf16-qk-rope-off the same in bf16
 #   regimes-qk-rope-off  regimes-main with fused_qk_rope=false
-#   regimes-split-activation  decode steps by kernel in main's FP8 setting, the rounding
-#            activation one program a row, then split over programs up to SPLIT_ROWS (128) rows
-#   grpo-split-activation  grpo-w8a8-head-input with that split
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out), the rollout runs' plots to $PLOT_DIR (default
 # $OUT_DIR: point it elsewhere where only a few files can be brought back); ROLLOUT_COMMIT=<sha>
@@ -391,14 +388,6 @@ for part in "$@"; do
       --plot-out "$PLOT_DIR/grpo_qwen3-8b_bf16_qk_rope_off.png" ;;
     regimes-qk-rope-off) LINES_SHOWN=8 regimes_main qk_rope_off --steps 20 \
       --points "${REGIME_POINTS:-1x2048,8x3000,32x3000,96x1500}" --engine fused_qk_rope=false ;;
-    regimes-split-activation)
-      for rows in 0 ${SPLIT_ROWS:-128}; do  # one program a row, then split up to SPLIT_ROWS rows
-        LINES_SHOWN=8 run "decode_regimes_split_activation_$rows" 180 \
-          benchmarks/bench_decode_regimes.py --steps 20 "${FP8_MAIN[@]}" --split-activation "$rows" \
-          --points "${REGIME_POINTS:-1x2048,8x3000,32x3000,96x1500}" \
-          --json-out "$OUT_DIR/decode_regimes_split_activation_$rows.json"
-      done ;;
-    grpo-split-activation) grpo_main split_activation --split-activation "${SPLIT_ROWS:-128}" ;;
     regimes-code)
       TORCH_LOGS=output_code LINES_SHOWN=4 regimes_main code --steps 5 --no-profile \
         --points "${CODE_POINTS:-8x10000}"

@@ -16,10 +16,6 @@ result was used again in registers at these widths (docs/performance.md, 'W8A8: 
 conversion, timed and withdrawn'). Elsewhere, and wherever `HW_E4M3` is off, it is
 `e4m3_bits`' integer and float arithmetic, which stores the same bytes.
 
-At a few rows one program a row leaves most SMs idle while it reads the activation's whole row;
-the split kernel (`SPLIT_ACTIVATION_MAX_ROWS`, off until timed in grpo) spreads each row over
-programs and lets the row's last-arriving one round it, to the same bytes.
-
 Run as the custom ops `rollout::rms_norm_rounded`, `rollout::add_rms_norm_rounded` and
 `rollout::silu_mul_rounded`, and the rounding alone as `rollout::round_rows` (for o's input, the
 attention's output: one pass too), all opaque to torch.compile; off CUDA, under Triton's
@@ -34,22 +30,12 @@ import triton
 import triton.language as tl
 
 from rollout.kernels import torch_rounded_rows
-from rollout.kernels.arrival_counters import ARRIVALS
 from rollout.kernels.gpu_features import compiled_on_nvidia, has_e4m3_instructions
 from rollout.kernels.torch_fp8 import ACTIVATION_GROUP, FP8_DTYPE
 from rollout.kernels.triton_attention_tiles import e4m3_bits, pow2_scale
 
 MAX_ROW = 32768
 """The widest row one program holds (wider rows take the twin)."""
-
-SPLIT_ACTIVATION_MAX_ROWS = 0
-"""Up to this many rows, the rounding activation splits each row over programs of SPLIT_CHUNK
-inputs, where one program a row reads the whole row alone (two rows of Qwen3-8B's MLP: 96 KB
-through two SMs); with a scale a row, the row's last-arriving program rounds it. 0: one program
-a row. For benchmarks (`bench_decode_regimes.py --split-activation`) until timed in grpo."""
-
-SPLIT_CHUNK = 2048
-"""Inputs a split activation program computes (a multiple of the 128-input groups)."""
 
 HW_E4M3 = True
 """Round with the GPU's conversion instruction where it has one; benchmarks set False to time
@@ -107,43 +93,6 @@ def _silu_mul_rounded_kernel(
     y = (silu * up.to(tl.float32)).to(gate.dtype).to(tl.float32)
     _round_and_store(y, y_ptr + row * stride_y, q_ptr + row * stride_q, s_ptr + row * stride_s,
                      offs, mask, n, GROUP, BLOCK, HW_E4M3)  # fmt: skip
-
-
-@triton.jit
-def _silu_mul_rounded_split_kernel(
-    gu_ptr, y_ptr, q_ptr, s_ptr, arrivals_ptr, n, stride_gu, stride_y, stride_q, stride_s,
-    CHUNKS: tl.constexpr, CHUNK: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr,
-    HW_E4M3: tl.constexpr,
-):  # fmt: skip
-    """`_silu_mul_rounded_kernel` over (row, CHUNK inputs) programs: with a scale per GROUP
-    inputs each program rounds its own chunk; with a scale a row each stores its chunk in the
-    activations' dtype and the row's last-arriving program rounds the whole row, read back
-    through L2 (the same values: what the one-program kernel rounds is that dtype's too)."""
-    row = tl.program_id(0).to(tl.int64)
-    start = tl.program_id(1) * CHUNK
-    offs = tl.arange(0, CHUNK)
-    mask = offs < n - start
-    gate = tl.load(gu_ptr + row * stride_gu + start + offs, mask=mask, other=0.0)
-    up = tl.load(gu_ptr + row * stride_gu + n + start + offs, mask=mask, other=0.0)
-    g = gate.to(tl.float32)
-    silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)  # in the dtype, as torch's
-    y = (silu * up.to(tl.float32)).to(gate.dtype)
-    y_row, q_row, s_row = y_ptr + row * stride_y, q_ptr + row * stride_q, s_ptr + row * stride_s
-    if GROUP < BLOCK:
-        _round_and_store(y.to(tl.float32), y_row + start, q_row + start, s_row + start // GROUP,
-                         offs, mask, n - start, GROUP, CHUNK, HW_E4M3)  # fmt: skip
-    else:
-        tl.store(y_row + start + offs, y, mask=mask)
-        tl.debug_barrier()  # every thread's stores precede the release
-        arrived_before = tl.atomic_add(arrivals_ptr + row, 1, sem="acq_rel")
-        if arrived_before == CHUNKS - 1:
-            tl.store(arrivals_ptr + row, 0)  # reset for the next launch
-            full = tl.arange(0, BLOCK)
-            full_mask = full < n
-            # .cg: through L2, where the other programs' stores landed (L1 is per SM)
-            whole = tl.load(y_row + full, mask=full_mask, other=0.0, cache_modifier=".cg")
-            _round_and_store(whole.to(tl.float32), y_row, q_row, s_row, full, full_mask, n,
-                             BLOCK, BLOCK, HW_E4M3)  # fmt: skip
 
 
 @triton.jit
@@ -234,30 +183,16 @@ def launch_norm(
 
 
 def launch_silu_mul(
-    gate_up: torch.Tensor, grouped: bool, hw: bool | None = None, split: bool | None = None
+    gate_up: torch.Tensor, grouped: bool, hw: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The activation's kernel over gate_up [rows, 2n] = [gate | up]: (y, q, scale); `split`
-    overrides `SPLIT_ACTIVATION_MAX_ROWS`' choice of the split kernel."""
+    """The activation's kernel over gate_up [rows, 2n] = [gate | up]: (y, q, scale)."""
     rows, n = gate_up.shape[0], gate_up.shape[1] // 2
     y, q, scale, group, block, warps = _outputs(rows, n, grouped, gate_up)
-    hw = hw_e4m3(gate_up) if hw is None else hw
-    if split is None:
-        split = rows <= SPLIT_ACTIVATION_MAX_ROWS and n > SPLIT_CHUNK
-    arrivals = ARRIVALS.get(gate_up.device, rows) if split else None
-    if arrivals is not None:  # None: new counters would be made inside a graph capture
-        chunks = triton.cdiv(n, SPLIT_CHUNK)
-        _silu_mul_rounded_split_kernel[(rows, chunks)](
-            gate_up, y, q.view(torch.uint8), scale, arrivals, n,
-            gate_up.stride(0), y.stride(0), q.stride(0), scale.stride(0),
-            CHUNKS=chunks, CHUNK=SPLIT_CHUNK, GROUP=group, BLOCK=block, HW_E4M3=hw,
-            num_warps=warps,
-        )  # fmt: skip
-    else:
-        _silu_mul_rounded_kernel[(rows,)](
-            gate_up, y, q.view(torch.uint8), scale, n,
-            gate_up.stride(0), y.stride(0), q.stride(0), scale.stride(0),
-            GROUP=group, BLOCK=block, HW_E4M3=hw, num_warps=warps,
-        )  # fmt: skip
+    _silu_mul_rounded_kernel[(rows,)](
+        gate_up, y, q.view(torch.uint8), scale, n,
+        gate_up.stride(0), y.stride(0), q.stride(0), scale.stride(0),
+        GROUP=group, BLOCK=block, HW_E4M3=hw_e4m3(gate_up) if hw is None else hw, num_warps=warps,
+    )  # fmt: skip
     return y, q, scale if grouped else scale.view(rows)
 
 

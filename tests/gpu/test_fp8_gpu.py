@@ -610,26 +610,6 @@ def test_rounded_silu_mul_matches_its_twin_in_bf16(rows: int, n: int, grouped: b
     assert ((y.float() - want.float()).abs() <= step).all()
 
 
-@pytest.mark.parametrize("rows", [1, 2, 16, 64])
-@pytest.mark.parametrize("n", [12288, 5000])
-@pytest.mark.parametrize("grouped", [False, True])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_split_activation_is_the_one_program_kernel(rows, n, grouped, dtype) -> None:
-    """The rounding activation split over (row, chunk) programs: the one-program kernel's bytes,
-    rounded values and scales, launch after launch (the rows' arrival counters are reset)."""
-    from rollout.kernels import triton_rounded_rows as kernels
-
-    g = torch.Generator(device="cuda").manual_seed(rows + n)
-    gate_up = (torch.randn(rows, 2 * n, device="cuda", generator=g) * 3).to(dtype)
-    gate_up[0, n : n + n // 8] *= 100
-    want_y, want_q, want_scale = kernels.launch_silu_mul(gate_up, grouped, split=False)
-    for _ in range(3):
-        y, q, scale = kernels.launch_silu_mul(gate_up, grouped, split=True)
-        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
-        assert torch.equal(scale, want_scale)
-        assert torch.equal(y.view(torch.uint8), want_y.view(torch.uint8))
-
-
 def _e4m3_edges(n: int, dtype: torch.dtype) -> torch.Tensor:
     """A row of n whose amax is 448 (its scale is 1): every finite e4m3 value, each midpoint
     between neighbours (a tie, to even) and the values just either side of it, subnormals and
@@ -712,31 +692,6 @@ def test_fp32_greedy_with_rounded_inputs_equals_transformers(arch: str, monkeypa
     # fp32: the rounded rows through the FP8-weight kernel (the FP8 MMA is for bf16 and fp16)
     assert counts["fp8_weights"] and not counts["fp8_activations"]
     assert engine.stats().preemptions > 0 and engine.stats().cuda_graphs > 0
-
-
-def test_fp32_greedy_with_the_split_activation_equals_transformers(monkeypatch) -> None:
-    """The split rounding activation at every decode step (chunks of 128 of a 512-wide MLP):
-    the rounded model's greedy tokens, under captured graphs too."""
-    from rollout.kernels import triton_rounded_rows as kernels
-
-    monkeypatch.setattr(kernels, "SPLIT_ACTIVATION_MAX_ROWS", 64)
-    monkeypatch.setattr(kernels, "SPLIT_CHUNK", 128)
-    split_rows = []
-    launch = kernels.launch_silu_mul
-
-    def noting(gate_up, grouped, hw=None, split=None):
-        if gate_up.shape[0] <= 64:
-            split_rows.append(gate_up.shape[0])
-        return launch(gate_up, grouped, hw, split)
-
-    monkeypatch.setattr(kernels, "launch_silu_mul", noting)
-    model = tiny_model("qwen3", intermediate_size=512).to("cuda")
-    reference = rounded_copy(model, lm_head=True, input_scales="row")
-    expected = [hf_greedy(reference, p, 40) for p in PROMPTS]
-    engine = engine_for(model, ON_GPU, **ROUNDED_INPUTS)
-    results = engine.generate(PROMPTS, SamplingParams(max_tokens=40, temperature=0))
-    assert [r.token_ids for r in results] == expected
-    assert split_rows and engine.stats().cuda_graphs > 0
 
 
 def test_fp32_greedy_with_group_rounded_inputs_equals_transformers(monkeypatch) -> None:
