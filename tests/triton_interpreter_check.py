@@ -540,10 +540,15 @@ def check_rounded_rows() -> float:
         worst = max(worst, _error(got[1], want[1]), _error(got[3], want[3]))
         if not torch.equal(got[2].float(), want[2].float()):
             return float("inf")
+        bare = triton_rounded_rows.launch_norm(x, weight, 1e-6, grouped, r, with_rows=False)
+        if not _same_fp8_form(bare[1:], got[1:]) or (residual and not torch.equal(bare[0], got[0])):
+            return float("inf")
         got = triton_rounded_rows.launch_round(x, grouped)  # the rounding alone (o's input)
         want = torch_rounded_rows.rounded(x, grouped)
         worst = max(worst, _error(got[0], want[0]), _error(got[2], want[2]))
         if not torch.equal(got[1].float(), want[1].float()):
+            return float("inf")
+        if not _same_fp8_form(triton_rounded_rows.launch_round(x, grouped, with_rows=False), got):
             return float("inf")
         gate_up = torch.randn(6, 2 * n, generator=g) * 3
         gate_up[2, n + 128 : n + min(n, 256)] *= 300
@@ -552,7 +557,21 @@ def check_rounded_rows() -> float:
         worst = max(worst, _error(got[0], want[0]), _error(got[2], want[2]))
         if not torch.equal(got[1].float(), want[1].float()):
             return float("inf")
+        bare = triton_rounded_rows.launch_silu_mul(gate_up, grouped, with_rows=False)
+        if not _same_fp8_form(bare, got):
+            return float("inf")
     return worst
+
+
+def _same_fp8_form(bare, full) -> bool:
+    """A rounding launch without the rows in the activations' dtype: y [rows, 0], and the same
+    e4m3 bytes and scales as the launch with them."""
+    (y, q, scale), (full_y, full_q, full_scale) = bare, full
+    return (
+        y.shape == (*full_y.shape[:-1], 0)
+        and torch.equal(q.view(torch.uint8), full_q.view(torch.uint8))
+        and torch.equal(scale, full_scale)
+    )
 
 
 def check_qk_rope() -> float:

@@ -587,6 +587,33 @@ def test_round_rows_is_its_twin_exactly(rows: int, grouped: bool) -> None:
         assert torch.equal(got.float(), want.float())
 
 
+@pytest.mark.parametrize("rows", [1, 40, 300])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_the_rounding_kernels_without_rows_store_the_same_fp8_form(rows: int, grouped: bool):
+    """`with_rows=False`, as decode's FP8-MMA GEMMs ask (they read only the e4m3 bytes and
+    scales): no rows in the activations' dtype (y [..., 0]), the same bytes, scales and sum."""
+    from rollout.kernels import triton_rounded_rows  # noqa: F401 - registers the ops
+
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    x, r = torch.randn(2, rows, 4096, device="cuda", generator=g).bfloat16()
+    x[0, :512] *= 1000
+    weight = (1 + torch.randn(4096, device="cuda", generator=g) / 4).bfloat16()
+    gate_up = torch.randn(rows, 2 * 12288, device="cuda", generator=g).bfloat16() * 3
+    ops = torch.ops.rollout
+    for function, args in [
+        (ops.rms_norm_rounded, (x, weight, 1e-6, grouped)),
+        (ops.add_rms_norm_rounded, (x, r, weight, 1e-6, grouped)),
+        (ops.silu_mul_rounded, (gate_up, grouped)),
+        (ops.round_rows, (x, grouped)),
+    ]:
+        *h, y, q, scale = function(*args)
+        *bare_h, bare_y, bare_q, bare_scale = function(*args, False)
+        assert bare_y.shape == (*y.shape[:-1], 0)
+        assert torch.equal(bare_q.view(torch.uint8), q.view(torch.uint8))
+        assert torch.equal(bare_scale, scale)
+        assert all(torch.equal(a, b) for a, b in zip(bare_h, h, strict=True))
+
+
 @pytest.mark.parametrize("rows", [1, 16, 40, 128])
 @pytest.mark.parametrize("n", [12288, 1000])
 @pytest.mark.parametrize("grouped", [False, True])

@@ -5,6 +5,8 @@ and every quantized nn.Linear come here."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -36,16 +38,26 @@ def fp8_linear(
     residual + that, added by the GEMM's kernel where one runs."""
     q, scale, input_scales = fp8
     if input_scales is not None:
+        fp8_form_only = reads_fp8_form_only(x)
         if rounded_input is None:
-            x, *rounded_input = torch.ops.rollout.round_rows(x, input_scales == "group")
+            x, *rounded_input = torch.ops.rollout.round_rows(
+                x, input_scales == "group", not fp8_form_only
+            )
         x8, x_scale = rounded_input
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if x.is_cuda and 0 < rows <= W8A8_MAX_ROWS:
+        if fp8_form_only:
             return torch.ops.rollout.w8a8_linear(x8, x_scale, weight, bias, q, scale, residual)
-        # more rows (prefill): x, the rounded rows in its dtype, exactly
+        # more rows (prefill), or off CUDA: x, the rounded rows in its dtype, exactly
     if x.is_cuda:
         return torch.ops.rollout.decode_linear(x, weight, bias, q, scale, triton_bf16, residual)
     return plus_residual(F.linear(x, weight, bias), residual)
+
+
+def reads_fp8_form_only(x: torch.Tensor) -> bool:
+    """Whether `fp8_linear` over rounded inputs of x's shape reads only their FP8 form (the e4m3
+    bytes and scales, by the FP8-MMA GEMM): on CUDA at 1 to W8A8_MAX_ROWS rows. There the
+    rounding kernels are asked for no rows in x's dtype (`with_rows`), and x may be [..., 0]."""
+    rows = math.prod(x.shape[:-1])
+    return x.is_cuda and 0 < rows <= W8A8_MAX_ROWS
 
 
 def fp8_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:

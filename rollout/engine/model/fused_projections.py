@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from rollout.engine.model.fp8_linear import fp8_linear
+from rollout.engine.model.fp8_linear import fp8_linear, reads_fp8_form_only
 from rollout.engine.model.fused_qk_rope import normed_rotated_qk, routed_qk_rope
 from rollout.engine.model.loader import decoder_layers
 from rollout.kernels import triton_rounded_rows  # noqa: F401 - registers the rounding act's op
@@ -226,7 +226,9 @@ def _fused_mlp_forward(self, x, rounded_input=None, residual=None):
         x, self.gate_up_weight, self.gate_up_bias, self._fp8_gate_up, rounded_input
     )
     if (input_scales := _rounded_silu(self)) is not None:  # FP8 activations: rounded in the act
-        y, q, scale = torch.ops.rollout.silu_mul_rounded(gate_up, input_scales == "group")
+        y, q, scale = torch.ops.rollout.silu_mul_rounded(
+            gate_up, input_scales == "group", not reads_fp8_form_only(gate_up)
+        )
         return _project(self.down_proj, y, rounded_input=(q, scale), residual=residual)
     gate, up = gate_up.split(self.gate_up_sizes, dim=-1)
     return _project(self.down_proj, self.act_fn(gate) * up, residual=residual)

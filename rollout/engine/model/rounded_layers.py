@@ -24,6 +24,7 @@ import types
 import torch
 from torch import nn
 
+from rollout.engine.model.fp8_linear import reads_fp8_form_only
 from rollout.engine.model.loader import decoder_layers
 from rollout.kernels import triton_rounded_rows  # noqa: F401 - registers the rounding norms' ops
 
@@ -96,14 +97,16 @@ def _rounding_layer_forward(self, hidden_states: torch.Tensor, *args, **kwargs):
     ):
         return self._unrounded_forward(hidden_states, *args, **kwargs)
     grouped, norm = self._grouped_inputs, self.input_layernorm
+    # the rounded rows in the activations' dtype only where a projection reads them (prefill)
+    with_rows = not reads_fp8_form_only(hidden_states)
     residual = hidden_states
     normed, q, scale = torch.ops.rollout.rms_norm_rounded(
-        hidden_states, norm.weight, norm.variance_epsilon, grouped
+        hidden_states, norm.weight, norm.variance_epsilon, grouped, with_rows
     )
     attended, _ = self.self_attn(hidden_states=normed, rounded_input=(q, scale), **kwargs)
     norm = self.post_attention_layernorm
     residual, normed, q, scale = torch.ops.rollout.add_rms_norm_rounded(
-        attended, residual, norm.weight, norm.variance_epsilon, grouped
+        attended, residual, norm.weight, norm.variance_epsilon, grouped, with_rows
     )
     # the residual add in down's GEMM (its kernel's last step): one launch fewer a layer
     return self.mlp(normed, rounded_input=(q, scale), residual=residual)
