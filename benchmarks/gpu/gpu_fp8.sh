@@ -105,6 +105,8 @@
 #   grpo-qk-rope-off  grpo-w8a8-head-input with Qwen3's q/k norms and rotary as torch.compile
 #            makes them (fused_qk_rope=false); grpo-bf16-qk-rope-off the same in bf16
 #   regimes-qk-rope-off  regimes-main with fused_qk_rope=false
+#   rounding  the FP8 activations' rounding kernels alone (bench_rounding.py), with and without
+#            the rounded rows in bf16, at their own warps and at 8, 16 and 32
 #   bash benchmarks/gpu/gpu_fp8.sh tests gemm w1   (parts in the order given)
 # Logs and JSON go to $OUT_DIR (default ./gpu_out), the rollout runs' plots to $PLOT_DIR (default
 # $OUT_DIR: point it elsewhere where only a few files can be brought back); ROLLOUT_COMMIT=<sha>
@@ -173,6 +175,8 @@ for part in "$@"; do
       timeout ${PYTEST_TIMEOUT:-540} python3 -m pytest -m gpu -q -p no:cacheprovider --durations=10 \
         ${PYTEST_WORKERS:+-n $PYTEST_WORKERS} \
         ${GPU_TESTS:-${groups[@]}} 2>&1 | tee "$OUT_DIR/pytest_$part.log" | tail -25 ;;
+    rounding) LINES_SHOWN=70 run rounding 180 benchmarks/bench_rounding.py --warps 8,16,32 \
+      --json-out "$OUT_DIR/rounding.json" ;;
     gemm)
       for m in ${GEMM_ROWS:-8 32}; do
         run "gemm_qwen3-8b_m$m" ${GEMM_TIMEOUT:-120} benchmarks/bench_gemm.py --shapes qwen3-8b --m $m \
