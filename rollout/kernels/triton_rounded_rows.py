@@ -9,8 +9,9 @@ program a row, with one per 128 inputs the norm splits into two or three kernels
 registers: the producer's arithmetic with transformers' roundings (`torch_rounded_rows`, the
 twins), the amax of each row or 128-input group, and the rounded row written as e4m3 bytes
 with their scales (what the FP8 MMA GEMM reads) and, where a consumer reads them (prefill's
-F.linear, the FP8-weight GEMM: `with_rows`), in the activations' dtype too (exact). On GPUs that have it (compute capability 8.9 and
-up) the rounding to e4m3 is the conversion instruction itself, one per two values, in PTX
+F.linear, the FP8-weight GEMM: `with_rows`), in the activations' dtype too (exact). On GPUs
+that have it (compute capability 8.9 and up) the rounding to e4m3 is the conversion
+instruction itself, one per two values, in PTX
 (`_E4M3_FROM_F32`): Triton's own cast stored the right bytes but gave wrong values when its
 result was used again in registers at these widths (docs/performance.md, 'W8A8: the GPU's e4m3
 conversion, timed and withdrawn'). Elsewhere, and wherever `HW_E4M3` is off, it is
@@ -111,7 +112,8 @@ def _round_rows_kernel(
 
 @triton.jit
 def _round_and_store(y, y_row, q_row, s_row, offs, mask, n, GROUP: tl.constexpr,
-                     BLOCK: tl.constexpr, HW_E4M3: tl.constexpr, STORE_Y: tl.constexpr):  # fmt: skip
+                     BLOCK: tl.constexpr, HW_E4M3: tl.constexpr,
+                     STORE_Y: tl.constexpr):  # fmt: skip
     """The row `y` (fp32, zeros past n), or each GROUP of it, to e4m3 with its power-of-two
     scale (torch_fp8's rule): the e4m3 bytes, the scales, and with STORE_Y the rounded values
     in y_row's dtype."""
