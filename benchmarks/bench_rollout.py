@@ -178,7 +178,8 @@ def _run_result(
         "truncated_at_deadline": truncated,
         "setup_s": setup_s,
         "compiled": settings["compile_model"] and cuda,
-        "step_ms": step_ms,
+        # 0.1 us is finer than the host clock resolves a step; more digits only grow the file
+        "step_ms": [round(ms, 4) for ms in step_ms],
         "speculation": _speculation(engine, stats.speculation),
     }
 
