@@ -21,7 +21,8 @@ head and V by token: as the engine stores it) at the default and a few other lau
 FP8 cache's bytes counted for its bandwidth; "bf16 tiles" widens the keys to the query's bf16
 rather than to fp16 (`triton_attention_tiles.fp16_keys`); "scales by slot" reads the scales laid
 out [block, slot, KV head], "K by slot" K laid out [block, slot, KV head, dim]; --v-by-dim adds V
-laid out by dim, as a bf16 cache's.
+laid out by dim, as a bf16 cache's. Pages are of --block-size tokens, for both caches of a run:
+32 with --fp8-kv (the engine's FP8 default; a bf16 cache reads the same at 16 or 32), else 16.
 --shared-prefix P makes each group of --group-size sequences read the same pages for their first
 P tokens, as the samples of a grpo prompt do (the reads are counted as read, shared or not).
 """
@@ -46,7 +47,10 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument(
+        "--block-size", type=int, default=0,
+        help="tokens a page (default: 32 with --fp8-kv, as the engine's FP8 cache; else 16)",
+    )  # fmt: skip
     parser.add_argument(
         "--max-context", type=int, default=0, help="the engine's static bound (default: --context)"
     )
@@ -90,6 +94,7 @@ def main() -> None:
     )
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
+    args.block_size = args.block_size or (32 if args.fp8_kv else 16)
 
     import torch
     import triton.testing

@@ -222,17 +222,19 @@ def check_fp8_kv() -> float:
     ):
         return float("inf")
     worst = 0.0
-    layouts = [(True, {}), (True, dict(window=300)), (False, {}), (False, dict(window=300))]
-    for by_token, variant in layouts:
+    window = dict(window=300)
+    layouts = [(True, {}, 16), (True, window, 16), (False, {}, 16), (False, window, 16)]
+    layouts += [(True, {}, 32), (True, window, 32)]  # pages of 32: an FP8 cache's default
+    for by_token, variant, page in layouts:
         decode = with_nan_leftovers(
             with_fp8_cache(
-                make_case([1, 17, 600, 1000, 513], [1] * 5, 2, 4, 64, 16, torch.float32, "cpu"),
+                make_case([1, 17, 600, 1000, 513], [1] * 5, 2, 4, 64, page, torch.float32, "cpu"),
                 by_token,
             )
         )
         extend = with_nan_leftovers(
             with_fp8_cache(
-                make_case([70, 5, 130, 300], [70, 1, 65, 1], 2, 4, 64, 16, torch.float32, "cpu"),
+                make_case([70, 5, 130, 300], [70, 1, 65, 1], 2, 4, 64, page, torch.float32, "cpu"),
                 by_token,
             )
         )
@@ -266,9 +268,10 @@ def check_fp8_kv() -> float:
             )  # fmt: skip
             worst = max(worst, _error(got, _reference(case, **fp8)))
     # The engine's tiles at head_dim 128 (the compile for the GPU sees the launches it makes):
-    # groups of 4 and 8, and 4 with the 3 query tokens of a short prompt or a verification.
-    for group, query_len in ((4, 1), (8, 1), (4, 3)):
-        case = with_fp8_cache(make_case([5, 130], [query_len] * 2, 1, group, 128, 16,
+    # groups of 4 and 8, and 4 with the 3 query tokens of a short prompt or a verification;
+    # pages of 16 tokens and of 32 (an FP8 cache's default block_size).
+    for group, query_len, page in ((4, 1, 16), (8, 1, 16), (4, 3, 16), (4, 1, 32), (4, 3, 32)):
+        case = with_fp8_cache(make_case([5, 130], [query_len] * 2, 1, group, 128, page,
                                         torch.float32, "cpu", seed=group))  # fmt: skip
         got = kernels.decode_attention(
             case["query"], case["k_cache"], case["v_cache"], case["block_tables"],
@@ -279,17 +282,19 @@ def check_fp8_kv() -> float:
     # A batch that fills the launch alone (a target of 2 programs here) over an FP8 cache: the
     # crowded launches' 32-token tiles in one-warp programs, one piece a sequence or several,
     # and a group of 2 verifying 2 tokens a sequence (4 rows: still keys-wide); then one-warp
-    # launches that aim at 32 programs over the 8 pairs (4 pieces a pair wanted).
-    for longest, group, query_len, target in (
-        (2048, 4, 1, 0), (256, 4, 1, 0), (256, 2, 2, 0), (2048, 4, 1, 32),
+    # launches that aim at 32 programs over the 8 pairs (4 pieces a pair wanted); pages of 16
+    # tokens (two a tile) and of 32 (one a tile).
+    for longest, group, query_len, target, page in (
+        (2048, 4, 1, 0, 16), (256, 4, 1, 0, 16), (256, 2, 2, 0, 16), (2048, 4, 1, 32, 16),
+        (2048, 4, 1, 0, 32), (256, 2, 2, 0, 32), (2048, 4, 1, 32, 32),
     ):  # fmt: skip
-        case = with_fp8_cache(make_case([5, 130, 600, 1000], [query_len] * 4, 2, group, 128, 16,
-                                        torch.float32, "cpu", seed=11))  # fmt: skip
+        case = with_fp8_cache(make_case([5, 130, 600, 1000], [query_len] * 4, 2, group, 128,
+                                        page, torch.float32, "cpu", seed=11))  # fmt: skip
         tiles = kernels.DecodeTiles(
             target_programs=2, fp8_full_batch_split_len=longest,
             fp8_one_warp_target_programs=target,
         )  # fmt: skip
-        assert tiles.one_warp_tiles(4 * 2, True, True, 16)
+        assert tiles.one_warp_tiles(4 * 2, True, True, page)
         got = kernels.decode_attention(
             case["query"], case["k_cache"], case["v_cache"], case["block_tables"],
             case["seq_lens"], case["scale"], 1024, tiles, query_len=query_len,

@@ -238,14 +238,25 @@ def test_fp8_kv_write_and_reads_equal_the_twin(dtype) -> None:
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
+# Pages of 16 tokens, and an FP8 cache's default (block_size None: 32), in half the blocks
+PAGES = pytest.mark.parametrize(("block_size", "num_kv_blocks"), [(16, 24), (None, 12)])
+
+
+@PAGES
 @pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
-def test_fp32_greedy_with_an_fp8_kv_cache_equals_transformers(arch: str) -> None:
+def test_fp32_greedy_with_an_fp8_kv_cache_equals_transformers(
+    arch: str, block_size: int | None, num_kv_blocks: int
+) -> None:
     from tests.fp8_oracle import with_fp8_kv_attention
 
     model = tiny_model(arch).to("cuda")
     reference = with_fp8_kv_attention(model)
     expected = [hf_greedy(reference, p, 40) for p in PROMPTS]
-    engine = engine_for(model, ON_GPU, weight_quantization="none", kv_cache_dtype="fp8")
+    engine = engine_for(
+        model, ON_GPU, weight_quantization="none", kv_cache_dtype="fp8",
+        block_size=block_size, num_kv_blocks=num_kv_blocks,
+    )  # fmt: skip
+    assert engine.config.block_size == (block_size or 32)
     results = engine.generate(PROMPTS, SamplingParams(max_tokens=40, temperature=0))
     assert [r.token_ids for r in results] == expected
     assert engine.stats().preemptions > 0 and engine.stats().cuda_graphs > 0
@@ -265,9 +276,13 @@ def test_graphs_equal_eager_with_fp8_weights_and_kv(compile_model: bool) -> None
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
 
 
-def test_graphs_equal_eager_at_the_full_batch_tiles_of_an_fp8_cache(monkeypatch) -> None:
+@pytest.mark.parametrize("block_size", [16, None])
+def test_graphs_equal_eager_at_the_full_batch_tiles_of_an_fp8_cache(
+    monkeypatch, block_size: int | None
+) -> None:
     """Every decode launch taken as a full batch (a target of 2 programs): the crowded FP8
-    launches' one-warp programs of 32-token tiles, graphed and eager alike."""
+    launches' one-warp programs of 32-token tiles, graphed and eager alike, over pages of 16
+    tokens (two a tile) and of the FP8 cache's default 32 (one a tile)."""
     import dataclasses
 
     from rollout.kernels import triton_decode_attention as decode
@@ -284,7 +299,9 @@ def test_graphs_equal_eager_at_the_full_batch_tiles_of_an_fp8_cache(monkeypatch)
     monkeypatch.setattr(decode.DecodeTiles, "tile_shape", recording)
     model = tiny_model("qwen3").to("cuda", torch.bfloat16)
     sampled = SamplingParams(max_tokens=40, temperature=1.0, n=2, seed=3)
-    settings = dict(num_kv_blocks=200, dtype="bfloat16", kv_cache_dtype="fp8")
+    settings = dict(
+        num_kv_blocks=200, dtype="bfloat16", kv_cache_dtype="fp8", block_size=block_size
+    )
     graphed = engine_for(model, ON_GPU, **settings)
     a = graphed.generate(PROMPTS, sampled)
     assert graphed.stats().cuda_graphs > 0
@@ -455,18 +472,19 @@ def test_an_fp8_cache_is_read_within_bf16s_rounding(choice: str, tiles) -> None:
         assert ((got.float() - want).abs() <= bound).all()
 
 
+@pytest.mark.parametrize("page", [16, 32])
 @pytest.mark.parametrize("group, query_len", [(4, 1), (2, 1), (8, 1), (4, 3)])
-def test_the_decode_kernel_reads_an_fp8_cache_at_the_engines_tiles(group, query_len) -> None:
+def test_the_decode_kernel_reads_an_fp8_cache_at_the_engines_tiles(group, query_len, page) -> None:
     """The engine's launches at head_dim 128 and its default tiles, bf16: the keys-wide tiles
     (up to 4 query rows a KV head) and the rows-wide ones past that (8 rows; 12 for a prompt
-    of 3 tokens or a verification step), against the twin."""
+    of 3 tokens or a verification step), against the twin; pages of 16 tokens and of 32."""
     from rollout.kernels import torch_paged_attention as twin
     from rollout.kernels import triton_paged_attention as kernels
     from tests.kernel_cases import make_case, with_fp8_cache
 
     lens = [3, 700, 4000, 129]
     case = with_fp8_cache(
-        make_case(lens, [query_len] * 4, 8, group, 128, 16, torch.bfloat16, "cuda", seed=group)
+        make_case(lens, [query_len] * 4, 8, group, 128, page, torch.bfloat16, "cuda", seed=group)
     )
     kv = (case["query"], case["k_cache"], case["v_cache"], case["block_tables"])
     got = kernels.decode_attention(

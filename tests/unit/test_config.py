@@ -108,6 +108,16 @@ def test_from_dict_unknown_key_names_it():
     assert "max_model_len" in message
 
 
+def test_block_size_left_unset_is_32_tokens_over_an_fp8_cache_else_16():
+    assert EngineConfig().block_size == 16
+    assert EngineConfig(kv_cache_dtype="fp8").block_size == 32
+    assert EngineConfig.from_dict({"kv_cache_dtype": "fp8", "block_size": None}).block_size == 32
+    assert EngineConfig(kv_cache_dtype="fp8", block_size=16).block_size == 16  # a choice stays
+    assert EngineConfig(block_size=64).block_size == 64
+    fp8 = EngineConfig(kv_cache_dtype="fp8")
+    assert dataclasses.replace(fp8, max_num_seqs=8).block_size == 32
+
+
 def test_from_dict_reports_every_unknown_key():
     with pytest.raises(ValueError) as info:
         EngineConfig.from_dict({"zzz": 1, "aaa": 2})
