@@ -44,6 +44,21 @@ def test_greedy_equals_transformers_with_fp8_rounded_keys_and_values(arch, overl
     assert cache.k.dtype == FP8_DTYPE and cache.k_scale is not None
 
 
+def test_the_default_pages_of_32_tokens_stay_exact_through_preemption() -> None:
+    """block_size left unset: an FP8 cache's pages of 32 tokens (tiles of the crowded decode
+    read one page each), through chunked prefill, preemption and recompute."""
+    model = tiny_model("llama")
+    reference = with_fp8_kv_attention(model)
+    prompts = random_prompts((1, 5, 16, 17, 33, 50, 64, 9, 2), seed=21)
+    expected = [hf_greedy(reference, p, 40) for p in prompts]
+    settings = dict(PREEMPTING, block_size=None, max_model_len=256, max_num_seqs=16)
+    engine = engine_for(model, settings, max_num_batched_tokens=48, num_kv_blocks=10)
+    assert engine.config.block_size == 32
+    results = engine.generate(prompts, SamplingParams(max_tokens=40, temperature=0))
+    assert [r.token_ids for r in results] == expected
+    assert engine.stats().preemptions > 0
+
+
 def test_sampled_logprobs_and_forks_share_the_prompts_fp8_blocks() -> None:
     model = tiny_model("qwen3", seed=3)
     reference = with_fp8_kv_attention(model)
