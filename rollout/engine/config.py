@@ -37,7 +37,7 @@ class EngineConfig:
     block_size: int | None = None
     """Tokens per KV-cache block (a page); None: 32 with kv_cache_dtype="fp8", else 16. An FP8
     cache's crowded decode reads each 32-token tile from one page, whole 4 KB runs of a KV
-    head's keys and values: 10-17% faster from 16 running sequences, 15% at one long context,
+    head's keys and values: 11-17% faster from 8 running sequences, 15% at one long context,
     on one H100, where a bf16 cache reads the same at either size (docs/performance.md, 'FP8
     KV: pages of 32 tokens')."""
     num_kv_blocks: int | None = None
