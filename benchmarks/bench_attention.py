@@ -94,13 +94,14 @@ def main() -> None:
     )
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
-    args.block_size = args.block_size or (32 if args.fp8_kv else 16)
 
     import torch
     import triton.testing
 
+    from rollout.engine.config import default_block_size
     from rollout.kernels import triton_paged_attention as kernels
 
+    args.block_size = args.block_size or default_block_size("fp8" if args.fp8_kv else "auto")
     if args.regimes:
         rows = sweep_regimes(args)
         if args.json_out:
