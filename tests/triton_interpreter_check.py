@@ -225,6 +225,9 @@ def check_fp8_kv() -> float:
     window = dict(window=300)
     layouts = [(True, {}, 16), (True, window, 16), (False, {}, 16), (False, window, 16)]
     layouts += [(True, {}, 32), (True, window, 32)]  # pages of 32: an FP8 cache's default
+    # pages of 128: each 64-token tile (decode's here, extend's) lies within a page, the
+    # windows' first tile mid-page
+    layouts += [(True, {}, 128), (True, window, 128), (True, dict(window=7), 128)]
     for by_token, variant, page in layouts:
         decode = with_nan_leftovers(
             with_fp8_cache(
@@ -269,8 +272,11 @@ def check_fp8_kv() -> float:
             worst = max(worst, _error(got, _reference(case, **fp8)))
     # The engine's tiles at head_dim 128 (the compile for the GPU sees the launches it makes):
     # groups of 4 and 8, and 4 with the 3 query tokens of a short prompt or a verification;
-    # pages of 16 tokens and of 32 (an FP8 cache's default block_size).
-    for group, query_len, page in ((4, 1, 16), (8, 1, 16), (4, 3, 16), (4, 1, 32), (4, 3, 32)):
+    # pages of 16 tokens and of 32 (an FP8 cache's default block_size), then 64 and 128 (two
+    # pages and one a 128-token tile).
+    for group, query_len, page in (
+        (4, 1, 16), (8, 1, 16), (4, 3, 16), (4, 1, 32), (4, 3, 32), (4, 1, 64), (4, 1, 128),
+    ):  # fmt: skip
         case = with_fp8_cache(make_case([5, 130], [query_len] * 2, 1, group, 128, page,
                                         torch.float32, "cpu", seed=group))  # fmt: skip
         got = kernels.decode_attention(
@@ -283,10 +289,11 @@ def check_fp8_kv() -> float:
     # crowded launches' 32-token tiles in one-warp programs, one piece a sequence or several,
     # and a group of 2 verifying 2 tokens a sequence (4 rows: still keys-wide); then one-warp
     # launches that aim at 32 programs over the 8 pairs (4 pieces a pair wanted); pages of 16
-    # tokens (two a tile) and of 32 (one a tile).
+    # tokens (two a tile), of 32 (one a tile), of 64 and 128 (a tile within a page).
     for longest, group, query_len, target, page in (
         (2048, 4, 1, 0, 16), (256, 4, 1, 0, 16), (256, 2, 2, 0, 16), (2048, 4, 1, 32, 16),
         (2048, 4, 1, 0, 32), (256, 2, 2, 0, 32), (2048, 4, 1, 32, 32),
+        (2048, 4, 1, 0, 64), (256, 2, 2, 0, 128), (2048, 4, 1, 32, 128),
     ):  # fmt: skip
         case = with_fp8_cache(make_case([5, 130, 600, 1000], [query_len] * 4, 2, group, 128,
                                         page, torch.float32, "cpu", seed=11))  # fmt: skip

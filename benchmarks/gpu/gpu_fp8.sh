@@ -98,7 +98,7 @@
 #            other tiles: 4 and 8 warps of 256 tokens, 1 and 2 warps of 64, 2 of 128, beside the
 #            default (1 warp of 32 tokens) and bf16, at a grpo run's pairs (FULL_BATCH_POINTS)
 #   attn-pages  the decode read at a grpo run's pairs over pages of each of PAGES tokens
-#            (default 32 64), bf16 and FP8 caches
+#            (default 32 64 128), bf16 and FP8 caches
 #   grpo-pages  grpo-w8a8-head-input over pages of each of GRPO_PAGES tokens (default 64)
 #   grpo-tiles  grpo-w8a8-head-input with the --decode-tiles fields of GRPO_TILES
 #            ("field=val ..."), its JSON named grpo_qwen3-8b_$GRPO_NAME (default tiles)
@@ -307,7 +307,7 @@ for part in "$@"; do
       "${FULL_BATCH_POINTS:-$GRPO_PAIRS}" \
       "bf16 KV;FP8 KV;FP8 KV with fp8_full_batch_block_n=256,fp8_full_batch_num_warps=4;FP8 KV with fp8_full_batch_block_n=256,fp8_full_batch_num_warps=8;FP8 KV with fp8_full_batch_block_n=64;FP8 KV with fp8_full_batch_block_n=64,fp8_full_batch_num_warps=2;FP8 KV with fp8_full_batch_block_n=128,fp8_full_batch_num_warps=2" ;;
     attn-pages)
-      for pages in ${PAGES:-32 64}; do
+      for pages in ${PAGES:-32 64 128}; do
         LINES_SHOWN=16 run "attention_regimes_fp8_kv_pages_$pages" 150 benchmarks/bench_attention.py \
           --regimes --fp8-kv --block-size $pages --points "$GRPO_PAIRS" --choices "bf16 KV;FP8 KV" \
           --json-out "$OUT_DIR/attention_regimes_fp8_kv_pages_$pages.json"

@@ -120,12 +120,14 @@ class DecodeTiles:
     def one_warp_tiles(self, pairs: int, fp8_kv: bool, keys_wide: bool, page: int) -> bool:
         """Whether a launch over `pairs` (sequence, KV head) pairs takes the FP8 full-batch tiles
         (`fp8_full_batch_block_n` tokens, `fp8_full_batch_num_warps` warps): an FP8 cache read
-        keys-wide, tiles that hold whole pages of `page` tokens, enough pairs."""
+        keys-wide, tiles that hold whole pages of `page` tokens or lie within one, enough
+        pairs."""
         small = self.fp8_full_batch_block_n
         if not (fp8_kv and keys_wide and self.target_programs and small):
             return False
         from_pairs = self.fp8_one_warp_min_pairs or self.target_programs
-        return bool(self.fp8_full_batch_num_warps) and page <= small and pairs >= from_pairs
+        whole = small % page == 0 or page % small == 0
+        return bool(self.fp8_full_batch_num_warps) and whole and pairs >= from_pairs
 
     def tile_shape(self, one_warp: bool) -> tuple[int, int]:
         """(tokens a KV tile, warps a program) of a launch (`one_warp_tiles`)."""

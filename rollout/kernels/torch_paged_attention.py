@@ -43,9 +43,9 @@ def write_kv(
         cache[blocks, offsets] = rows.to(cache.dtype)  # whatever the cache's strides
 
 
-# The Triton kernels' tiles hold whole pages (decode 128 tokens, extend 64): pages of up to 64
-# tokens, a power of two, can hold V by token.
-V_BY_TOKEN_MAX_PAGE = 64
+# The Triton kernels' tiles (decode 32 or 128 tokens, extend 64) hold whole pages or lie within
+# one: pages of a power of two up to the widest tile can hold V by token.
+V_BY_TOKEN_MAX_PAGE = 128
 
 
 def lays_out_v_by_token(block_size: int) -> bool:

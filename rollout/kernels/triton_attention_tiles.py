@@ -60,6 +60,18 @@ def reads_v_by_token(k_cache: torch.Tensor, v_cache: torch.Tensor, fp8_kv: bool)
     return True
 
 
+def page_run(page: int, tile: int, by_token: bool, kernel: str) -> int:
+    """Tokens of a `tile`-token KV tile that lie side by side on one page of `page` tokens: a
+    tile holds whole pages or lies within one (both powers of two), which V laid out by token
+    needs (`load_kv_tile`); refused otherwise, before a launch."""
+    if by_token and tile % page and page % tile:
+        raise ValueError(
+            f"{kernel}: tiles of {tile} tokens over pages of {page} with V laid out by token; "
+            "a tile must hold whole pages or lie within one (DecodeTiles.block_n, block_size)"
+        )
+    return min(page, tile)
+
+
 def dot_precision(query: torch.Tensor) -> str:
     """Precision of tl.dot: fp32 models (tests, exactness) get full-precision dots; bf16/fp16
     inputs ignore the setting."""
@@ -93,7 +105,7 @@ def tile_visible(offs, n_mask, q_pos, window, QUERY_LEN: tl.constexpr, HAS_WINDO
 @triton.jit
 def load_kv_tile(
     k_cache_ptr, v_cache_ptr, block_table_ptr, offs, n_mask, d, d_mask, kv_head,
-    stride_cblock, stride_cslot, stride_chead, PAGE: tl.constexpr,
+    stride_cblock, stride_cslot, stride_chead, PAGE: tl.constexpr, PAGE_RUN: tl.constexpr,
     k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, stride_shead, like_ptr,
     FP8_KV: tl.constexpr, FAST_WIDEN: tl.constexpr, K_F16: tl.constexpr, V_BY_TOKEN: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -107,10 +119,12 @@ def load_kv_tile(
     powers of two. Without an FP8 cache the scales are never used (and compiled away).
 
     With V_BY_TOKEN, V's pages hold each (head, dim)'s tokens side by side ([block, head, dim,
-    slot] in memory, `torch_paged_attention.v_by_token`; `offs` must start at a page's start):
-    runs of PAGE tokens load as vectors and widen straight into the MMA's operand layout, as K
-    does along its dims. They load unmasked along the tokens (a masked load would not
-    vectorize), so the slots of the last page past the context are read too."""
+    slot] in memory, `torch_paged_attention.v_by_token`): runs of PAGE_RUN tokens, the tile's
+    or the page's length whichever is shorter (`page_run`; `offs` must start at a multiple of
+    it: whole pages a tile, or a tile within one page), load as vectors and widen straight into
+    the MMA's operand layout, as K does along its dims. They load unmasked along the tokens (a
+    masked load would not vectorize), so the slots of the last page past the context are read
+    too."""
     # offs >= 0: unsigned, so the page and slot are a shift and a mask, not a signed division.
     page = tl.load(block_table_ptr + offs.to(tl.uint32) // PAGE, mask=n_mask, other=0)
     slot = (offs.to(tl.uint32) % PAGE).to(tl.int32)
@@ -120,8 +134,8 @@ def load_kv_tile(
     # is masked), so every address stays inside the cache.
     k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=d_mask[None, :], other=0.0)
     if V_BY_TOKEN:
-        slot = tl.max_contiguous(tl.multiple_of(slot, PAGE), PAGE)
-        v_page = tl.max_constancy(page, PAGE)
+        slot = tl.max_contiguous(tl.multiple_of(slot, PAGE_RUN), PAGE_RUN)
+        v_page = tl.max_constancy(page, PAGE_RUN)
         v_row = page_start(v_page, stride_cblock) + (kv_head * (PAGE * HEAD_DIM) + slot)
         v = tl.load(
             v_cache_ptr + v_row[:, None] + d[None, :] * PAGE, mask=d_mask[None, :], other=0.0

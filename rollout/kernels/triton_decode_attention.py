@@ -36,6 +36,7 @@ from rollout.kernels.triton_attention_tiles import (
     fp16_keys,
     kv_scale_args,
     load_kv_tile,
+    page_run,
     query_for_tiles,
     reads_v_by_token,
     scale_scores,
@@ -63,8 +64,8 @@ def _decode_kernel(
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
     QUERY_LEN: tl.constexpr, ROWS_PAD: tl.constexpr, MERGE_ROWS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_LEN: tl.constexpr,
-    MERGE_CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_D: tl.constexpr, PAGE: tl.constexpr, PAGE_RUN: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT_LEN: tl.constexpr, MERGE_CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
     V_BY_TOKEN: tl.constexpr, KEYS_WIDE: tl.constexpr,
 ):  # fmt: skip
@@ -90,16 +91,16 @@ def _decode_kernel(
     lo = seq_len * 0  # first position any row sees
     if HAS_WINDOW:
         lo = tl.maximum(seq_len - QUERY_LEN - window + 1, 0)
-        if V_BY_TOKEN:  # tiles from a page's start (load_kv_tile); the window masks the rest
-            lo = lo // PAGE * PAGE
+        if V_BY_TOKEN:  # tiles from a page run's start (load_kv_tile); the window masks the rest
+            lo = lo // PAGE_RUN * PAGE_RUN
     # This sequence's piece length: its visible context over the pieces wanted, in whole tiles,
     # between one tile and SPLIT_LEN. The host sized the grid so the pieces always fit.
     piece = tl.cdiv(tl.cdiv(seq_len - lo, splits_wanted), BLOCK_N) * BLOCK_N
     piece = tl.minimum(tl.maximum(piece, BLOCK_N), SPLIT_LEN)
     # A context past the static maximum would need more pieces than the grid has: longer ones.
     longer = tl.cdiv(seq_len - lo, num_splits)
-    if V_BY_TOKEN:  # pieces start at a page's start (load_kv_tile)
-        longer = tl.cdiv(longer, PAGE) * PAGE
+    if V_BY_TOKEN:  # pieces start at a page run's start (load_kv_tile)
+        longer = tl.cdiv(longer, PAGE_RUN) * PAGE_RUN
     piece = tl.maximum(piece, longer)
     num_active = tl.cdiv(seq_len - lo, piece)
     if split >= num_active:
@@ -127,7 +128,7 @@ def _decode_kernel(
         n_mask = offs < end
         k, v, k_scale, v_scale = load_kv_tile(
             k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs, n_mask, d, d_mask,
-            kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
+            kv_head, stride_cblock, stride_cslot, stride_chead, PAGE, PAGE_RUN,
             k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, stride_shead, q_ptr, FP8_KV,
             FAST_WIDEN, K_F16, V_BY_TOKEN, HEAD_DIM,
         )  # fmt: skip
@@ -277,11 +278,7 @@ def decode_attention(
     k_f16 = fp16_keys(query, kv_scales is not None)
     by_token = reads_v_by_token(k_cache, v_cache, kv_scales is not None)
     block_n, num_warps = tiles.tile_shape(one_warp)
-    if by_token and block_n < k_cache.shape[1]:
-        raise ValueError(
-            f"decode_attention: tiles of {block_n} tokens over pages of {k_cache.shape[1]} "
-            "with V laid out by token; the tiles must hold whole pages (DecodeTiles.block_n)"
-        )
+    run = page_run(k_cache.shape[1], block_n, by_token, "decode_attention")
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, seq_lens, sinks if sinks is not None else query,
         part_out, part_lse, arrivals, out,
@@ -296,7 +293,7 @@ def decode_attention(
         ROWS_PAD=KEYS_WIDE_MAX_ROWS if keys_wide else max(16, triton.next_power_of_2(rows)),
         MERGE_ROWS=merge_rows,
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
-        BLOCK_N=block_n, SPLIT_LEN=split_len,
+        PAGE_RUN=run, BLOCK_N=block_n, SPLIT_LEN=split_len,
         MERGE_CHUNK=merge_chunk,
         DOT_PRECISION=dot_precision(query), HAS_WINDOW=window is not None,
         HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,

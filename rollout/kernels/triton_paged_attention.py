@@ -22,6 +22,7 @@ from rollout.kernels.triton_attention_tiles import (
     fp16_keys,
     kv_scale_args,
     load_kv_tile,
+    page_run,
     pow2_scale,
     query_for_tiles,
     reads_v_by_token,
@@ -101,7 +102,8 @@ def _extend_kernel(
     k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, stride_shead,
     FP8_KV: tl.constexpr, FAST_WIDEN: tl.constexpr, K_F16: tl.constexpr,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PAGE_RUN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
     V_BY_TOKEN: tl.constexpr,
 ):  # fmt: skip
@@ -134,14 +136,14 @@ def _extend_kernel(
     kv_start = prefix * 0
     if HAS_WINDOW:  # nothing before the window of the block's first row
         kv_start = tl.maximum(prefix + m0 - window + 1, 0)
-        if V_BY_TOKEN:  # tiles from a page's start (load_kv_tile); the window masks the rest
-            kv_start = kv_start // PAGE * PAGE
+        if V_BY_TOKEN:  # tiles from a page run's start (load_kv_tile); the window masks the rest
+            kv_start = kv_start // PAGE_RUN * PAGE_RUN
     for n0 in range(kv_start, kv_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_end
         k, v, k_scale, v_scale = load_kv_tile(
             k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs_n, n_mask, d, d_mask,
-            kv_head, stride_cblock, stride_cslot, stride_chead, PAGE,
+            kv_head, stride_cblock, stride_cslot, stride_chead, PAGE, PAGE_RUN,
             k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, stride_shead, q_ptr, FP8_KV,
             FAST_WIDEN, K_F16, V_BY_TOKEN, HEAD_DIM,
         )  # fmt: skip
@@ -187,6 +189,8 @@ def extend_attention(
     if num_tokens == 0:
         return out
     k_f16 = fp16_keys(query, kv_scales is not None)
+    by_token = reads_v_by_token(k_cache, v_cache, kv_scales is not None)
+    run = page_run(k_cache.shape[1], EXTEND_BLOCK_N, by_token, "extend_attention")
     _extend_kernel[(q_block_seq.shape[0], num_heads)](
         query, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens,
         q_block_seq, q_block_start, sinks if sinks is not None else query, scale, window or 0,
@@ -197,8 +201,9 @@ def extend_attention(
         K_F16=k_f16,
         GROUP=num_heads // k_cache.shape[2], HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
-        BLOCK_M=EXTEND_BLOCK_M, BLOCK_N=EXTEND_BLOCK_N, DOT_PRECISION=dot_precision(query),
+        PAGE_RUN=run, BLOCK_M=EXTEND_BLOCK_M, BLOCK_N=EXTEND_BLOCK_N,
+        DOT_PRECISION=dot_precision(query),
         HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
-        V_BY_TOKEN=reads_v_by_token(k_cache, v_cache, kv_scales is not None), num_warps=4, num_stages=2,
+        V_BY_TOKEN=by_token, num_warps=4, num_stages=2,
     )  # fmt: skip
     return out

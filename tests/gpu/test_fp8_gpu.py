@@ -278,13 +278,14 @@ def test_graphs_equal_eager_with_fp8_weights_and_kv(compile_model: bool) -> None
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
 
 
-@pytest.mark.parametrize("block_size", [16, None])
+@pytest.mark.parametrize("block_size", [16, None, 64])
 def test_graphs_equal_eager_at_the_full_batch_tiles_of_an_fp8_cache(
     monkeypatch, block_size: int | None
 ) -> None:
     """Every decode launch taken as a full batch (a target of 2 programs): the crowded FP8
     launches' one-warp programs of 32-token tiles, graphed and eager alike, over pages of 16
-    tokens (two a tile) and of the FP8 cache's default 32 (one a tile)."""
+    tokens (two a tile), of the FP8 cache's default 32 (one a tile) and of 64 (two tiles a
+    page)."""
     import dataclasses
 
     from rollout.kernels import triton_decode_attention as decode
@@ -474,12 +475,16 @@ def test_an_fp8_cache_is_read_within_bf16s_rounding(choice: str, tiles) -> None:
         assert ((got.float() - want).abs() <= bound).all()
 
 
-@pytest.mark.parametrize("page", [16, 32])
+@pytest.mark.parametrize("page", [16, 32, 64, 128])
 @pytest.mark.parametrize("group, query_len", [(4, 1), (2, 1), (8, 1), (4, 3)])
 def test_the_decode_kernel_reads_an_fp8_cache_at_the_engines_tiles(group, query_len, page) -> None:
     """The engine's launches at head_dim 128 and its default tiles, bf16: the keys-wide tiles
     (up to 4 query rows a KV head) and the rows-wide ones past that (8 rows; 12 for a prompt
-    of 3 tokens or a verification step), against the twin; pages of 16 tokens and of 32."""
+    of 3 tokens or a verification step), against the twin; then the same batch as a crowded
+    launch (the one-warp tiles where keys-wide); pages of 16 and 32 tokens (whole pages a
+    tile), 64 and 128 (a one-warp tile within a page)."""
+    import dataclasses
+
     from rollout.kernels import torch_paged_attention as twin
     from rollout.kernels import triton_paged_attention as kernels
     from tests.kernel_cases import make_case, with_fp8_cache
@@ -489,15 +494,17 @@ def test_the_decode_kernel_reads_an_fp8_cache_at_the_engines_tiles(group, query_
         make_case(lens, [query_len] * 4, 8, group, 128, page, torch.bfloat16, "cuda", seed=group)
     )
     kv = (case["query"], case["k_cache"], case["v_cache"], case["block_tables"])
-    got = kernels.decode_attention(
-        *kv, case["seq_lens"], case["scale"], 4096, query_len=query_len,
-        kv_scales=case["kv_scales"],
-    )  # fmt: skip
     want = twin.paged_attention(
         *kv, case["query_start_loc_host"], case["seq_lens_host"], case["scale"],
         kv_scales=case["kv_scales"],
     )  # fmt: skip
-    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    crowded = dataclasses.replace(kernels.DECODE_TILES, target_programs=8)
+    for tiles in (None, crowded):
+        got = kernels.decode_attention(
+            *kv, case["seq_lens"], case["scale"], 4096, tiles, query_len=query_len,
+            kv_scales=case["kv_scales"],
+        )  # fmt: skip
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.parametrize("kv_tiles", ["bf16", "fp16 K"])

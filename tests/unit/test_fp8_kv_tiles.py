@@ -102,13 +102,17 @@ def test_the_engine_lays_an_fp8_caches_v_out_by_token_and_the_kernels_see_it() -
     assert not triton_attention_tiles.reads_v_by_token(fp8.k, fp8.k, fp8_kv=True)  # K: by dim
     with pytest.raises(ValueError, match="needs an FP8 cache"):
         triton_attention_tiles.reads_v_by_token(bf16.k, v_by_token(bf16.v), fp8_kv=False)
-    wide = allocate_kv_caches(shape, 5, 128, FP8_DTYPE, torch.device("cpu"))[0]
-    assert not triton_attention_tiles.reads_v_by_token(wide.k, wide.v, fp8_kv=True)  # 128: by dim
+    page_128 = allocate_kv_caches(shape, 5, 128, FP8_DTYPE, torch.device("cpu"))[0]
+    assert triton_attention_tiles.reads_v_by_token(page_128.k, page_128.v, fp8_kv=True)
+    wide = allocate_kv_caches(shape, 5, 256, FP8_DTYPE, torch.device("cpu"))[0]
+    assert not triton_attention_tiles.reads_v_by_token(wide.k, wide.v, fp8_kv=True)  # 256: by dim
+    odd = allocate_kv_caches(shape, 5, 24, FP8_DTYPE, torch.device("cpu"))[0]
+    assert not triton_attention_tiles.reads_v_by_token(odd.k, odd.v, fp8_kv=True)  # 24: by dim
     query = torch.zeros(1, 4, 8, dtype=torch.bfloat16)
     tables, lens = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
-    with pytest.raises(ValueError, match="must hold whole pages"):
+    with pytest.raises(ValueError, match="hold whole pages or lie within one"):
         decode_attention(
-            query, fp8.k, fp8.v, tables, lens, 1.0, 16, DecodeTiles(block_n=8),
+            query, fp8.k, fp8.v, tables, lens, 1.0, 16, DecodeTiles(block_n=24),
             kv_scales=(fp8.k_scale, fp8.v_scale),
         )  # fmt: skip
 
@@ -151,7 +155,7 @@ def test_only_a_full_fp8_batch_read_keys_wide_takes_one_warp_programs() -> None:
     """DecodeTiles.one_warp_tiles and tile_shape: 32-token tiles in one-warp programs once one
     piece a (sequence, KV head) fills the launch over an FP8 cache with the keys-wide tiles;
     128-token tiles in four warps for a bf16 cache, a launch that wants more pieces, rows-wide
-    tiles, or pages wider than the small tile (V by token needs whole pages a tile)."""
+    tiles; pages wider than the small tile take it too (a tile within one page)."""
     tiles = DECODE_TILES
     full = 32 * 8
     assert tiles.splits_per_sequence(32, 8) == 1
@@ -162,7 +166,8 @@ def test_only_a_full_fp8_batch_read_keys_wide_takes_one_warp_programs() -> None:
     assert not tiles.one_warp_tiles(full, False, True, 16)  # bf16 cache
     assert not tiles.one_warp_tiles(31 * 8, True, True, 16)  # several pieces a pair wanted
     assert not tiles.one_warp_tiles(full, True, False, 16)  # rows-wide tiles
-    assert not tiles.one_warp_tiles(full, True, True, 64)  # pages of 64 tokens
+    assert tiles.one_warp_tiles(full, True, True, 64)  # pages of 64 tokens: two tiles a page
+    assert not DecodeTiles(fp8_full_batch_block_n=48).one_warp_tiles(full, True, True, 32)
     for off in (DecodeTiles(fp8_full_batch_block_n=0), DecodeTiles(fp8_full_batch_num_warps=0)):
         assert not off.one_warp_tiles(full, True, True, 16)
     assert not DecodeTiles(target_programs=0).one_warp_tiles(full, True, True, 16)

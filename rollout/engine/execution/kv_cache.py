@@ -3,7 +3,7 @@
 With `kv_cache_dtype="fp8"` each layer's keys and values are e4m3 with a power-of-two scale per
 (token, KV head) beside them (`torch_fp8.quantize_kv`): 2 x (head_dim + 4) bytes a token and
 head instead of 2 x 2 x head_dim, so the same memory holds 1.9x the tokens at head_dim 128.
-Its V pages (of up to 64 tokens, a power of two) are laid out by token
+Its V pages (of up to 128 tokens, a power of two) are laid out by token
 (`torch_paged_attention.v_by_token`), which lets the decode and extend kernels widen V's tiles
 in the MMA's operand layout; its K pages and its scales are laid out head by head
 (`keys_by_head`, `scales_by_head`), so a page's keys of one KV head are one run of bytes and a
@@ -103,7 +103,7 @@ def allocate_kv_caches(
 ) -> list[LayerKV]:
     """One tensor for all layers' K and V (and one for their FP8 scales); per layer views of
     [num_blocks, block_size, num_kv_heads, head_dim] (an FP8 cache's V laid out by token in
-    memory, [num_blocks, num_kv_heads, head_dim, block_size], where its pages are of up to 64
+    memory, [num_blocks, num_kv_heads, head_dim, block_size], where its pages are of up to 128
     tokens, a power of two: `lays_out_v_by_token`; there its K is laid out head by head,
     [num_blocks, num_kv_heads, block_size, head_dim], and so are its scales: `keys_by_head`,
     `scales_by_head`)."""
@@ -120,7 +120,7 @@ def allocate_kv_caches(
     keys_by_head = (num_blocks, shape.num_kv_heads, block_size, shape.head_dim)
 
     def keys(i: int) -> torch.Tensor:
-        if not lays_out_v_by_token(block_size):  # pages longer than the kernels' tiles
+        if not lays_out_v_by_token(block_size):  # pages the kernels read by dim
             return storage[i, 0]
         return storage[i, 0].view(keys_by_head).permute(0, 2, 1, 3)
 
