@@ -5,6 +5,17 @@ No torch here: the host-only scheduling part reads it.
 
 from dataclasses import dataclass
 
+# The Triton kernels' tiles (decode 32 or 128 tokens, extend 64) hold whole pages or lie within
+# one: pages of a power of two up to the widest tile can hold V by token.
+V_BY_TOKEN_MAX_PAGE = 128
+
+
+def lays_out_v_by_token(block_size: int) -> bool:
+    """Whether an FP8 cache of pages of `block_size` tokens holds V by token
+    (`torch_paged_attention.v_by_token`)."""
+    return 0 < block_size <= V_BY_TOKEN_MAX_PAGE and block_size & (block_size - 1) == 0
+
+
 EXTEND_BLOCK_M = 64
 """Query rows per prefill/extend program: the host splits each sequence's chunk into q-blocks."""
 
@@ -126,8 +137,10 @@ class DecodeTiles:
         if not (fp8_kv and keys_wide and self.target_programs and small):
             return False
         from_pairs = self.fp8_one_warp_min_pairs or self.target_programs
-        whole = small % page == 0 or page % small == 0
-        return bool(self.fp8_full_batch_num_warps) and whole and pairs >= from_pairs
+        # pages the engine lays V out by token for (V by dim would not need it, but no launch
+        # has timed or compiled one-warp tiles over such pages)
+        fits = lays_out_v_by_token(page) and (small % page == 0 or page % small == 0)
+        return bool(self.fp8_full_batch_num_warps) and fits and pairs >= from_pairs
 
     def tile_shape(self, one_warp: bool) -> tuple[int, int]:
         """(tokens a KV tile, warps a program) of a launch (`one_warp_tiles`)."""

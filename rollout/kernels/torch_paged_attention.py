@@ -43,16 +43,6 @@ def write_kv(
         cache[blocks, offsets] = rows.to(cache.dtype)  # whatever the cache's strides
 
 
-# The Triton kernels' tiles (decode 32 or 128 tokens, extend 64) hold whole pages or lie within
-# one: pages of a power of two up to the widest tile can hold V by token.
-V_BY_TOKEN_MAX_PAGE = 128
-
-
-def lays_out_v_by_token(block_size: int) -> bool:
-    """Whether an FP8 cache of pages of `block_size` tokens holds V by token (`v_by_token`)."""
-    return 0 < block_size <= V_BY_TOKEN_MAX_PAGE and block_size & (block_size - 1) == 0
-
-
 def v_by_token(v_cache: torch.Tensor) -> torch.Tensor:
     """The same values laid out by token in memory ([num_blocks, num_kv_heads, head_dim,
     block_size]), seen as [num_blocks, block_size, num_kv_heads, head_dim]: how an FP8 cache

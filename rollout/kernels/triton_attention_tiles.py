@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rollout.kernels.torch_paged_attention import V_BY_TOKEN_MAX_PAGE, lays_out_v_by_token
+from rollout.kernels.tiling import V_BY_TOKEN_MAX_PAGE, lays_out_v_by_token
 from rollout.kernels.triton_fp8_widen import widen_e4m3
 
 FP8_KV_TILES = "fp16 K"

@@ -168,6 +168,7 @@ def test_only_a_full_fp8_batch_read_keys_wide_takes_one_warp_programs() -> None:
     assert not tiles.one_warp_tiles(full, True, False, 16)  # rows-wide tiles
     assert tiles.one_warp_tiles(full, True, True, 64)  # pages of 64 tokens: two tiles a page
     assert not DecodeTiles(fp8_full_batch_block_n=48).one_warp_tiles(full, True, True, 32)
+    assert not tiles.one_warp_tiles(full, True, True, 256)  # V by dim at 256: never timed
     for off in (DecodeTiles(fp8_full_batch_block_n=0), DecodeTiles(fp8_full_batch_num_warps=0)):
         assert not off.one_warp_tiles(full, True, True, 16)
     assert not DecodeTiles(target_programs=0).one_warp_tiles(full, True, True, 16)

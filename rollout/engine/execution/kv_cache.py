@@ -18,8 +18,8 @@ from typing import NamedTuple
 import torch
 
 from rollout.engine.config import EngineConfig
+from rollout.kernels.tiling import lays_out_v_by_token
 from rollout.kernels.torch_fp8 import FP8_DTYPE
-from rollout.kernels.torch_paged_attention import lays_out_v_by_token
 
 
 class LayerKV(NamedTuple):
