@@ -16,6 +16,18 @@ def lays_out_v_by_token(block_size: int) -> bool:
     return 0 < block_size <= V_BY_TOKEN_MAX_PAGE and block_size & (block_size - 1) == 0
 
 
+def page_run(page: int, tile: int, by_token: bool, kernel: str) -> int:
+    """Tokens of a `tile`-token KV tile that lie side by side on one page of `page` tokens: a
+    tile holds whole pages or lies within one (both powers of two), which V laid out by token
+    needs (`triton_attention_tiles.load_kv_tile`); refused otherwise, before a launch."""
+    if by_token and tile % page and page % tile:
+        raise ValueError(
+            f"{kernel}: tiles of {tile} tokens over pages of {page} with V laid out by token; "
+            "a tile must hold whole pages or lie within one (DecodeTiles.block_n, block_size)"
+        )
+    return min(page, tile)
+
+
 EXTEND_BLOCK_M = 64
 """Query rows per prefill/extend program: the host splits each sequence's chunk into q-blocks."""
 

@@ -60,18 +60,6 @@ def reads_v_by_token(k_cache: torch.Tensor, v_cache: torch.Tensor, fp8_kv: bool)
     return True
 
 
-def page_run(page: int, tile: int, by_token: bool, kernel: str) -> int:
-    """Tokens of a `tile`-token KV tile that lie side by side on one page of `page` tokens: a
-    tile holds whole pages or lies within one (both powers of two), which V laid out by token
-    needs (`load_kv_tile`); refused otherwise, before a launch."""
-    if by_token and tile % page and page % tile:
-        raise ValueError(
-            f"{kernel}: tiles of {tile} tokens over pages of {page} with V laid out by token; "
-            "a tile must hold whole pages or lie within one (DecodeTiles.block_n, block_size)"
-        )
-    return min(page, tile)
-
-
 def dot_precision(query: torch.Tensor) -> str:
     """Precision of tl.dot: fp32 models (tests, exactness) get full-precision dots; bf16/fp16
     inputs ignore the setting."""
@@ -120,11 +108,11 @@ def load_kv_tile(
 
     With V_BY_TOKEN, V's pages hold each (head, dim)'s tokens side by side ([block, head, dim,
     slot] in memory, `torch_paged_attention.v_by_token`): runs of PAGE_RUN tokens, the tile's
-    or the page's length whichever is shorter (`page_run`; `offs` must start at a multiple of
-    it: whole pages a tile, or a tile within one page), load as vectors and widen straight into
-    the MMA's operand layout, as K does along its dims. They load unmasked along the tokens (a
-    masked load would not vectorize), so the slots of the last page past the context are read
-    too."""
+    or the page's length whichever is shorter (`tiling.page_run`; `offs` must start at a
+    multiple of it: whole pages a tile, or a tile within one page), load as vectors and widen
+    straight into the MMA's operand layout, as K does along its dims. They load unmasked along
+    the tokens (a masked load would not vectorize), so the slots of the last page past the
+    context are read too."""
     # offs >= 0: unsigned, so the page and slot are a shift and a mask, not a signed division.
     page = tl.load(block_table_ptr + offs.to(tl.uint32) // PAGE, mask=n_mask, other=0)
     slot = (offs.to(tl.uint32) % PAGE).to(tl.int32)

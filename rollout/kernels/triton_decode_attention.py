@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from rollout.kernels.arrival_counters import ARRIVALS
-from rollout.kernels.tiling import KEYS_WIDE_MAX_ROWS, DecodeTiles
+from rollout.kernels.tiling import KEYS_WIDE_MAX_ROWS, DecodeTiles, page_run
 from rollout.kernels.triton_attention_tiles import (
     add_sinks,
     dot_precision,
@@ -36,7 +36,6 @@ from rollout.kernels.triton_attention_tiles import (
     fp16_keys,
     kv_scale_args,
     load_kv_tile,
-    page_run,
     query_for_tiles,
     reads_v_by_token,
     scale_scores,

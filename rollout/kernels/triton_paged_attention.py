@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rollout.kernels.tiling import EXTEND_BLOCK_M
+from rollout.kernels.tiling import EXTEND_BLOCK_M, page_run
 from rollout.kernels.triton_attention_tiles import (
     add_sinks,
     dot_precision,
@@ -22,7 +22,6 @@ from rollout.kernels.triton_attention_tiles import (
     fp16_keys,
     kv_scale_args,
     load_kv_tile,
-    page_run,
     pow2_scale,
     query_for_tiles,
     reads_v_by_token,
