@@ -16,11 +16,16 @@ def lays_out_v_by_token(block_size: int) -> bool:
     return 0 < block_size <= V_BY_TOKEN_MAX_PAGE and block_size & (block_size - 1) == 0
 
 
+def tile_fits_pages(tile: int, page: int) -> bool:
+    """Whether a `tile`-token KV tile holds whole pages of `page` tokens or lies within one."""
+    return tile % page == 0 or page % tile == 0
+
+
 def page_run(page: int, tile: int, by_token: bool, kernel: str) -> int:
     """Tokens of a `tile`-token KV tile that lie side by side on one page of `page` tokens: a
     tile holds whole pages or lies within one (both powers of two), which V laid out by token
     needs (`triton_attention_tiles.load_kv_tile`); refused otherwise, before a launch."""
-    if by_token and tile % page and page % tile:
+    if by_token and not tile_fits_pages(tile, page):
         raise ValueError(
             f"{kernel}: tiles of {tile} tokens over pages of {page} with V laid out by token; "
             "a tile must hold whole pages or lie within one (DecodeTiles.block_n, block_size)"
@@ -151,7 +156,7 @@ class DecodeTiles:
         from_pairs = self.fp8_one_warp_min_pairs or self.target_programs
         # pages the engine lays V out by token for (V by dim would not need it, but no launch
         # has timed or compiled one-warp tiles over such pages)
-        fits = lays_out_v_by_token(page) and (small % page == 0 or page % small == 0)
+        fits = lays_out_v_by_token(page) and tile_fits_pages(small, page)
         return bool(self.fp8_full_batch_num_warps) and fits and pairs >= from_pairs
 
     def tile_shape(self, one_warp: bool) -> tuple[int, int]:
