@@ -92,19 +92,19 @@ def tile_visible(offs, n_mask, q_pos, window, QUERY_LEN: tl.constexpr, HAS_WINDO
 
 @triton.jit
 def load_kv_tile(
-    k_cache_ptr, v_cache_ptr, block_table_ptr, offs, n_mask, d, d_mask, kv_head,
+    k_cache_ptr, v_cache_ptr, block_table_ptr, tile_start, offs, n_mask, d, d_mask, kv_head,
     stride_cblock, stride_cslot, stride_chead, PAGE: tl.constexpr, PAGE_RUN: tl.constexpr,
     k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, stride_shead, like_ptr,
     FP8_KV: tl.constexpr, FAST_WIDEN: tl.constexpr, K_F16: tl.constexpr, V_BY_TOKEN: tl.constexpr,
     HEAD_DIM: tl.constexpr,
 ):  # fmt: skip
-    """K and V at context positions `offs` of the sequence whose block-table row starts at
-    `block_table_ptr`: [len(offs), BLOCK_D] each, zeros where `n_mask` or `d_mask` is off, and
-    their (token, head) scales [len(offs)]. An FP8 cache's bytes are widened into `like_ptr`'s
-    dtype (K into fp16 with K_F16) unscaled: the caller multiplies the scores by
-    the K scales (`scale_scores`) and the probabilities by the V scales (`fold_tile`), a few
-    multiplies a token instead of three conversions an element, and exact as the scales are
-    powers of two. Without an FP8 cache the scales are never used (and compiled away).
+    """K and V at context positions `offs` (tile_start + arange) of the sequence whose
+    block-table row starts at `block_table_ptr`: [len(offs), BLOCK_D] each, zeros where `n_mask`
+    or `d_mask` is off, and their (token, head) scales [len(offs)]. An FP8 cache's bytes are
+    widened into `like_ptr`'s dtype (K into fp16 with K_F16) unscaled: the caller multiplies the
+    scores by the K scales (`scale_scores`) and the probabilities by the V scales (`fold_tile`),
+    a few multiplies a token instead of three conversions an element, and exact as the scales
+    are powers of two. Without an FP8 cache the scales are never used (and compiled away).
 
     With V_BY_TOKEN, V's pages hold each (head, dim)'s tokens side by side ([block, head, dim,
     slot] in memory, `torch_paged_attention.v_by_token`): runs of PAGE_RUN tokens, the tile's
@@ -113,17 +113,30 @@ def load_kv_tile(
     straight into the MMA's operand layout, as K does along its dims. They load unmasked along
     the tokens (a masked load would not vectorize), so the slots of the last page past the
     context are read too."""
-    # offs >= 0: unsigned, so the page and slot are a shift and a mask, not a signed division.
-    page = tl.load(block_table_ptr + offs.to(tl.uint32) // PAGE, mask=n_mask, other=0)
-    slot = (offs.to(tl.uint32) % PAGE).to(tl.int32)
+    TILE: tl.constexpr = offs.shape[0]
+    if V_BY_TOKEN and PAGE_RUN == TILE:
+        # The tile lies within one page (it starts at a multiple of PAGE_RUN, before the
+        # context's end): one table entry, read once, and its tokens' slots side by side (2.8%
+        # fewer instructions a one-warp tile over pages of 32, compiled for sm_90)
+        first = tl.cast(tile_start, tl.uint32)
+        page = tl.load(block_table_ptr + first // PAGE)
+        slot = (first % PAGE).to(tl.int32) + tl.arange(0, TILE)
+    else:
+        # offs >= 0: unsigned, so the page and slot are a shift and a mask, not a signed division.
+        page = tl.load(block_table_ptr + offs.to(tl.uint32) // PAGE, mask=n_mask, other=0)
+        slot = (offs.to(tl.uint32) % PAGE).to(tl.int32)
     row = page_start(page, stride_cblock) + (slot * stride_cslot + kv_head * stride_chead)
     # K loads unmasked along the tokens: a score past the context is masked (-inf) by the caller
     # whatever its key holds, and a page past the sequence's reads as page 0 (the table's load
-    # is masked), so every address stays inside the cache.
+    # is masked; a tile within one page starts inside the sequence, so its page is the
+    # sequence's), so every address stays inside the cache.
     k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=d_mask[None, :], other=0.0)
     if V_BY_TOKEN:
         slot = tl.max_contiguous(tl.multiple_of(slot, PAGE_RUN), PAGE_RUN)
-        v_page = tl.max_constancy(page, PAGE_RUN)
+        if PAGE_RUN == TILE:
+            v_page = page
+        else:
+            v_page = tl.max_constancy(page, PAGE_RUN)
         v_row = page_start(v_page, stride_cblock) + (kv_head * (PAGE * HEAD_DIM) + slot)
         v = tl.load(
             v_cache_ptr + v_row[:, None] + d[None, :] * PAGE, mask=d_mask[None, :], other=0.0

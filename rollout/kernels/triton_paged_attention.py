@@ -141,8 +141,8 @@ def _extend_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_end
         k, v, k_scale, v_scale = load_kv_tile(
-            k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, offs_n, n_mask, d, d_mask,
-            kv_head, stride_cblock, stride_cslot, stride_chead, PAGE, PAGE_RUN,
+            k_cache_ptr, v_cache_ptr, block_tables_ptr + s * stride_bt, n0, offs_n, n_mask, d,
+            d_mask, kv_head, stride_cblock, stride_cslot, stride_chead, PAGE, PAGE_RUN,
             k_scale_ptr, v_scale_ptr, stride_sblock, stride_sslot, stride_shead, q_ptr, FP8_KV,
             FAST_WIDEN, K_F16, V_BY_TOKEN, HEAD_DIM,
         )  # fmt: skip
