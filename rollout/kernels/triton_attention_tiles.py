@@ -115,9 +115,8 @@ def load_kv_tile(
     context are read too."""
     TILE: tl.constexpr = offs.shape[0]
     if V_BY_TOKEN and PAGE_RUN == TILE:
-        # The tile lies within one page (it starts at a multiple of PAGE_RUN, before the
-        # context's end): one table entry, read once, and its tokens' slots side by side (2.8%
-        # fewer instructions a one-warp tile over pages of 32, compiled for sm_90)
+        # A tile within one page (its start a multiple of PAGE_RUN, inside the context): one
+        # table entry for all its tokens, loaded once, and their slots side by side.
         first = tl.cast(tile_start, tl.uint32)
         page = tl.load(block_table_ptr + first // PAGE)
         slot = (first % PAGE).to(tl.int32) + tl.arange(0, TILE)
@@ -133,10 +132,7 @@ def load_kv_tile(
     k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=d_mask[None, :], other=0.0)
     if V_BY_TOKEN:
         slot = tl.max_contiguous(tl.multiple_of(slot, PAGE_RUN), PAGE_RUN)
-        if PAGE_RUN == TILE:
-            v_page = page
-        else:
-            v_page = tl.max_constancy(page, PAGE_RUN)
+        v_page = page if PAGE_RUN == TILE else tl.max_constancy(page, PAGE_RUN)
         v_row = page_start(v_page, stride_cblock) + (kv_head * (PAGE * HEAD_DIM) + slot)
         v = tl.load(
             v_cache_ptr + v_row[:, None] + d[None, :] * PAGE, mask=d_mask[None, :], other=0.0
