@@ -43,8 +43,8 @@ class EngineConfig:
     """Tokens per KV-cache block (a page); None: 32 with kv_cache_dtype="fp8", else 16. An FP8
     cache's crowded decode reads each 32-token tile from one page, whole 4 KB runs of a KV
     head's keys and values: 11-17% faster from 8 running sequences, 15% at one long context,
-    on one H100, where a bf16 cache reads the same at either size (docs/performance.md, 'FP8
-    KV: pages of 32 tokens'); pages of 64 and 128 ran grpo no faster ('... of 64 and 128')."""
+    on one H100, where a bf16 cache reads the same at either size; pages of 64 and 128 ran grpo
+    no faster (docs/performance.md, 'FP8 KV: pages of 32 tokens', '... of 64 and 128 in grpo')."""
     num_kv_blocks: int | None = None
     """KV-cache blocks; None = size from free memory (CUDA) or from max_num_seqs x max_model_len (CPU)."""
     gpu_memory_utilization: float = 0.9
