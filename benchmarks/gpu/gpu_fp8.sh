@@ -99,6 +99,9 @@
 #            default (1 warp of 32 tokens) and bf16, at a grpo run's pairs (FULL_BATCH_POINTS)
 #   attn-pages  the decode read at a grpo run's pairs over pages of each of PAGES tokens
 #            (default 32 64 128), bf16 and FP8 caches
+#   attn-tail-tiles  the FP8 decode read at a grpo tail's batches (TAIL_POINTS: one to 24
+#            sequences, the four-warp launches) in tiles of 128 tokens (the default), 64 and 32,
+#            and in pieces of up to 1,024 tokens, beside bf16
 #   grpo-pages  grpo-w8a8-head-input over pages of each of GRPO_PAGES tokens (default 64)
 #   grpo-tiles  grpo-w8a8-head-input with the --decode-tiles fields of GRPO_TILES
 #            ("field=val ..."), its JSON named grpo_qwen3-8b_$GRPO_NAME (default tiles)
@@ -306,6 +309,9 @@ for part in "$@"; do
     attn-full-batch-tiles) LINES_SHOWN=20 attn full_batch_tiles 300 \
       "${FULL_BATCH_POINTS:-$GRPO_PAIRS}" \
       "bf16 KV;FP8 KV;FP8 KV with fp8_full_batch_block_n=256,fp8_full_batch_num_warps=4;FP8 KV with fp8_full_batch_block_n=256,fp8_full_batch_num_warps=8;FP8 KV with fp8_full_batch_block_n=64;FP8 KV with fp8_full_batch_block_n=64,fp8_full_batch_num_warps=2;FP8 KV with fp8_full_batch_block_n=128,fp8_full_batch_num_warps=2" ;;
+    attn-tail-tiles) LINES_SHOWN=20 attn tail_tiles 240 \
+      "${TAIL_POINTS:-1x15000,2x14000,3x14000,5x12500,8x10000,12x9000,16x8000,24x6000}" \
+      "bf16 KV;FP8 KV;FP8 KV with block_n=64;FP8 KV with block_n=32;FP8 KV with split_len=1024" ;;
     attn-pages)
       for pages in ${PAGES:-32 64 128}; do
         LINES_SHOWN=16 run "attention_regimes_fp8_kv_pages_$pages" 150 benchmarks/bench_attention.py \
