@@ -575,6 +575,46 @@ def check_rounded_rows() -> float:
     return worst
 
 
+def check_gate_up_silu() -> float:
+    """The W8A8 gate/up GEMM with silu(gate) * up in its last step, then the rounding spread
+    over (row, chunk) programs: the product against the unfused W8A8 GEMM (the same tiles'
+    bytes) and against the fp32 twin, to the GEMM's precision; the FP8 form exactly the twin's
+    rounding of the product stored. One row, a row block, two row blocks (33 rows), columns
+    and K that are not whole tiles, a row far below the others, a column block far above."""
+    import torch.nn.functional as F
+
+    from rollout.kernels import torch_fp8, triton_gate_up_silu
+
+    g = torch.Generator().manual_seed(5)
+    worst = 0.0
+    for rows, inter, k in [(1, 64, 256), (5, 100, 384), (33, 40, 300)]:
+        x = torch.randn(rows, k, generator=g)
+        x[-1] *= 1e-4
+        weight = torch.randn(2 * inter, k, generator=g) * 0.05
+        weight[: min(inter, 32)] *= 20  # the first column block's gate far above the rest
+        x8, x_scale = torch_fp8.quantize_rows(x)
+        q, scale = torch_fp8.quantize_rows(weight)
+        y, y8, y_scale = triton_gate_up_silu.launch(x8, x_scale, q, scale, torch.float32, hw=False)
+        block_m, block_n, block_k, stages, warps = triton_gate_up_silu.tiles(rows)
+        gate_up = torch.empty(rows, 2 * inter)
+        triton_linear.launch(
+            x8, q, None, gate_up, 2 * block_n, block_k, stages, 1, warps,
+            scale=scale, x_scale=x_scale, block_m=block_m,
+        )  # fmt: skip
+        gate, up = gate_up.chunk(2, dim=-1)
+        worst = max(worst, _error(y, F.silu(gate) * up))
+        twin = torch_fp8.fp8_linear_reference(
+            torch_fp8.dequantize_rows(x8, x_scale, torch.float32), q, scale, None
+        )
+        gate, up = twin.chunk(2, dim=-1)
+        worst = max(worst, _error(y, F.silu(gate) * up))
+        want_q, want_scale = torch_fp8.quantize_rows(y)
+        if not (torch.equal(y8.view(torch.uint8), want_q.view(torch.uint8))
+                and torch.equal(y_scale, want_scale)):  # fmt: skip
+            return float("inf")
+    return worst
+
+
 def _same_fp8_form(bare, full) -> bool:
     """A rounding launch without the rows in the activations' dtype: y [rows, 0], and the same
     e4m3 bytes and scales as the launch with them."""
@@ -623,6 +663,7 @@ if __name__ == "__main__":
         ("one-pass sampler", check_sampler),
         ("FP8 activations and weights GEMM", check_w8a8_linear),
         ("RMSNorm and silu * up rounded for FP8 activations", check_rounded_rows),
+        ("gate/up with silu * up in its last step, rounded", check_gate_up_silu),
         ("Qwen3's q/k norms and rotary", check_qk_rope),
     ]:
         error = check()

@@ -150,12 +150,19 @@ _ACTIVATIONS = {
     "_rms_norm_rounded_kernel": ("x_ptr", "r_ptr", "w_ptr", "h_ptr", "y_ptr"),
     "_silu_mul_rounded_kernel": ("gu_ptr", "y_ptr"),
     "_round_rows_kernel": ("x_ptr", "y_ptr"),
+    "_gate_up_silu_kernel": ("y_ptr",),
+    "_round_by_parts_kernel": ("y_ptr",),
     "_qk_norm_rope_kernel": ("x_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "out_ptr"),
 }
-_ROUNDINGS = ("_rms_norm_rounded_kernel", "_silu_mul_rounded_kernel", "_round_rows_kernel")
+_ROUNDINGS = (
+    "_rms_norm_rounded_kernel",
+    "_silu_mul_rounded_kernel",
+    "_round_rows_kernel",
+    "_round_by_parts_kernel",
+)
 # Kernels that round to the activations' dtype between their steps, as transformers does: the
 # interpreter ran them in fp32, where those roundings vanish.
-_DTYPE_ROUNDINGS = ("_qk_norm_rope_kernel",)
+_DTYPE_ROUNDINGS = ("_qk_norm_rope_kernel", "_gate_up_silu_kernel")
 
 
 def bf16_twins(launches: list[dict]) -> list[dict]:

@@ -121,13 +121,7 @@ def _round_and_store(y, y_row, q_row, s_row, offs, mask, n, GROUP: tl.constexpr,
     tiles = tl.reshape(y, [groups, GROUP])
     scale, inverse = pow2_scale(tl.max(tl.abs(tiles), 1))
     scaled = tiles * inverse[:, None]  # exact: 2^k; |scaled| <= 448 but for NaN and inf
-    if HW_E4M3:  # the instruction saturates to +-448 itself (satfinite), as the clamp below
-        code = tl.inline_asm_elementwise(
-            _E4M3_FROM_F32, "=r,r,r,r,r", [scaled], dtype=tl.uint8, is_pure=True, pack=4
-        )
-    else:
-        code = e4m3_bits(tl.minimum(tl.maximum(scaled, -448.0), 448.0))
-    code = tl.reshape(code, [BLOCK])
+    code = tl.reshape(e4m3_codes(scaled, HW_E4M3), [BLOCK])
     if STORE_Y:
         value = tl.reshape(code.to(tl.float8e4nv, bitcast=True).to(tl.float32), [groups, GROUP])
         rounded = tl.reshape(value * scale[:, None], [BLOCK])
@@ -135,6 +129,20 @@ def _round_and_store(y, y_row, q_row, s_row, offs, mask, n, GROUP: tl.constexpr,
     tl.store(q_row + offs, code, mask=mask)
     g = tl.arange(0, groups)
     tl.store(s_row + g, scale, mask=g * GROUP < n)
+
+
+@triton.jit
+def e4m3_codes(scaled, HW_E4M3: tl.constexpr):
+    """The e4m3 bytes of fp32 values already scaled into +-448 (but for NaN and inf): by the
+    conversion instruction with HW_E4M3, which saturates to +-448 itself (satfinite), else by
+    `e4m3_bits` after the same clamp."""
+    if HW_E4M3:
+        code = tl.inline_asm_elementwise(
+            _E4M3_FROM_F32, "=r,r,r,r,r", [scaled], dtype=tl.uint8, is_pure=True, pack=4
+        )
+    else:
+        code = e4m3_bits(tl.minimum(tl.maximum(scaled, -448.0), 448.0))
+    return code
 
 
 def _kernel_serves(x: torch.Tensor, width: int, weight: torch.Tensor | None = None) -> bool:

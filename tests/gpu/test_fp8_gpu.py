@@ -664,6 +664,42 @@ def test_rounded_silu_mul_matches_its_twin_in_bf16(rows: int, n: int, grouped: b
     assert ((y.float() - want.float()).abs() <= step).all()
 
 
+@pytest.mark.parametrize("rows", [1, 2, 8, 17, 32, 33, 64])
+def test_gate_up_with_the_activation_in_its_gemm_is_the_unfused_ops(rows: int) -> None:
+    """`rollout::gate_up_silu_rounded` at Qwen3-8B's MLP (4,096 in, 2 x 12,288 out), one row
+    far above the rest: the FP8 form exactly torch's rounding of the product the GEMM stored;
+    that product the unfused W8A8 GEMM's silu(gate) * up to bf16 precision (the exp may move a
+    bf16 rounding); and the op's FP8 form the unfused ops' (then an e4m3 step in a few values)."""
+    from rollout.kernels import triton_gate_up_silu
+    from rollout.kernels.torch_fp8 import dequantize_rows
+
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    x = torch.randn(rows, 4096, device="cuda", generator=g).bfloat16()
+    x[0] *= 50
+    q, scale = quantize_rows(torch.randn(2 * 12288, 4096, device="cuda", generator=g) * 0.02)
+    weight = (q.float() * scale[:, None]).bfloat16()  # the values the FP8 form stands for
+    x8, x_scale = quantize_rows(x)
+    y, y8, y_scale = triton_gate_up_silu.launch(x8, x_scale, q, scale, torch.bfloat16)
+    want_q, want_scale = quantize_rows(y)
+    assert torch.equal(y8.view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(y_scale, want_scale)
+    gate, up = (
+        torch.ops.rollout.w8a8_linear(x8, x_scale, weight, None, q, scale).float().chunk(2, -1)
+    )
+    silu = (gate / (1 + torch.exp(-gate))).bfloat16().float()
+    product = (silu * up).bfloat16().float()
+    assert ((y.float() - product).abs() <= product.abs() / 64 + 1e-6).all()
+    op_q, op_scale = torch.ops.rollout.gate_up_silu_rounded(x8, x_scale, weight, q, scale)
+    assert torch.equal(op_q.view(torch.uint8), y8.view(torch.uint8))
+    assert torch.equal(op_scale, y_scale)
+    unfused = torch.ops.rollout.w8a8_linear(x8, x_scale, weight, None, q, scale)
+    _, unfused_q, unfused_scale = torch.ops.rollout.silu_mul_rounded(unfused, False, False)
+    ours = dequantize_rows(op_q, op_scale, torch.float32)
+    theirs = dequantize_rows(unfused_q, unfused_scale, torch.float32)
+    assert (ours == theirs).float().mean().item() > 0.99
+    assert ((ours - theirs).abs() <= theirs.abs() / 8 + unfused_scale[:, None] * 2.0**-9).all()
+
+
 def _e4m3_edges(n: int, dtype: torch.dtype) -> torch.Tensor:
     """A row of n whose amax is 448 (its scale is 1): every finite e4m3 value, each midpoint
     between neighbours (a tie, to even) and the values just either side of it, subnormals and
@@ -732,6 +768,21 @@ def _count_w8a8_launches(monkeypatch) -> dict[str, int]:
 
     monkeypatch.setattr(triton_linear, "launch", counting)
     return counts
+
+
+def _count_fused_activations(monkeypatch) -> list[int]:
+    """Notes each launch of gate/up with the activation in its GEMM (triton_gate_up_silu)."""
+    from rollout.kernels import triton_gate_up_silu
+
+    launches = []
+    launch = triton_gate_up_silu.launch
+
+    def counting(*args, **kwargs):
+        launches.append(1)
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(triton_gate_up_silu, "launch", counting)
+    return launches
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -814,6 +865,7 @@ def test_bf16_rounded_inputs_through_the_fp8_mma_are_the_rounded_models(
     model = model.to("cuda", torch.bfloat16)
     reference = rounded_copy(model, lm_head=True, input_scales=scales)
     counts = _count_w8a8_launches(monkeypatch)
+    fused = _count_fused_activations(monkeypatch)
     settings = dict(
         dtype="bfloat16", num_kv_blocks=400, max_num_seqs=64, compile_model=compile_model,
         activation_quantization=quantization,
@@ -822,6 +874,8 @@ def test_bf16_rounded_inputs_through_the_fp8_mma_are_the_rounded_models(
     params = SamplingParams(max_tokens=40, temperature=1.0, n=4, seed=2)
     results = engine.generate(PROMPTS, params)
     assert counts["fp8_activations"] and counts["fp8_weights"]
+    # a scale a row: decode's gate/up with the activation in its GEMM; per 128 inputs, unfused
+    assert (len(fused) > 0) == (scales == "row")
     diffs = logprob_differences(reference, PROMPTS, results)
     median, peak = {"row": (0.02, 0.25), "group": (0.08, 0.6)}[scales]
     assert diffs.median() < median and diffs.max() < peak, (diffs.median(), diffs.max())

@@ -38,7 +38,10 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from rollout.engine.model.fp8_linear import fp8_linear, reads_fp8_form_only
 from rollout.engine.model.fused_qk_rope import normed_rotated_qk, routed_qk_rope
 from rollout.engine.model.loader import decoder_layers
-from rollout.kernels import triton_rounded_rows  # noqa: F401 - registers the rounding act's op
+from rollout.kernels import (
+    triton_gate_up_silu,
+    triton_rounded_rows,  # noqa: F401 - registers the rounding act's op
+)
 from rollout.kernels.linear_residual import plus_residual
 
 # transformers classes whose forward is: q/k/v projections -> [q_norm/k_norm] -> rotary ->
@@ -222,10 +225,22 @@ def _fused_mlp_forward(self, x, rounded_input=None, residual=None):
     """The MLP; with `residual`, residual + the MLP (the layer's add, in down's GEMM)."""
     if torch.is_grad_enabled():
         return plus_residual(self._unfused_forward(x), residual)
+    input_scales = _rounded_silu(self)
+    if input_scales == "row" and rounded_input is not None:
+        x8, x_scale = rounded_input
+        fp8_weight, fp8_scale, _ = self._fp8_gate_up
+        if triton_gate_up_silu.serves(x8, x_scale, self.gate_up_weight, self.gate_up_bias):
+            # decode's rows: the activation and its rounding in gate/up's GEMM and one spread
+            # launch, not a launch of one program a row (triton_gate_up_silu.py)
+            q, scale = torch.ops.rollout.gate_up_silu_rounded(
+                x8, x_scale, self.gate_up_weight, fp8_weight, fp8_scale
+            )
+            unread = x.new_empty(*x.shape[:-1], 0)  # down reads only the FP8 form
+            return _project(self.down_proj, unread, rounded_input=(q, scale), residual=residual)
     gate_up = _fused_linear(
         x, self.gate_up_weight, self.gate_up_bias, self._fp8_gate_up, rounded_input
     )
-    if (input_scales := _rounded_silu(self)) is not None:  # FP8 activations: rounded in the act
+    if input_scales is not None:  # FP8 activations: rounded in the activation's kernel
         y, q, scale = torch.ops.rollout.silu_mul_rounded(
             gate_up, input_scales == "group", not reads_fp8_form_only(gate_up)
         )
