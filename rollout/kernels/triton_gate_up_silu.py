@@ -32,9 +32,12 @@ from rollout.kernels.gpu_features import has_e4m3_instructions
 from rollout.kernels.torch_fp8 import FP8_DTYPE
 from rollout.kernels.triton_attention_tiles import pow2_scale
 
-MAX_ROWS = triton_linear.MAX_ROWS
-"""The most rows one launch serves: decode's GEMMs up to here are our FP8-MMA kernel's, which
-this kernel replaces for gate/up (from 65 rows gate/up goes to torch's FP8 GEMM)."""
+MAX_ROWS = 16
+"""The most rows the op serves (more take the unfused ops). In grpo on one H100 at up to 64 rows
+its steps were 1.0-1.1% shorter at 1-15 running, 0.6-0.9% longer at 16-31 (row blocks of 32),
+within 0.3% from 32 (docs/performance.md, 'W8A8: the activation in gate/up's GEMM'). At most
+`triton_linear.MAX_ROWS`, where decode's GEMMs are our FP8-MMA kernel's; from 65 rows gate/up
+goes to torch's FP8 GEMM, whose last step is not ours."""
 
 ROUND_CHUNK = 1024
 """Inputs of a row one rounding program converts."""
