@@ -1,6 +1,6 @@
 """The MLP's gate/up GEMM with silu(gate) * up in its last step, rounded for down's FP8 input, at
-decode's few rows under FP8 activations with a scale a row (EngineConfig.activation_quantization
-"fp8").
+decode's fewest rows (up to MAX_ROWS) under FP8 activations with a scale a row
+(EngineConfig.activation_quantization "fp8").
 
 Unfused, the activation and its rounding are a launch of one program a row, which must hold the
 whole row for its scale: at one to 64 rows a few SMs issue all of its work while the rest wait
