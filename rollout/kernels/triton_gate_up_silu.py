@@ -79,9 +79,7 @@ def _gate_up_silu_kernel(
     dtype = y_ptr.dtype.element_ty
     g = (gate_acc * x_scale).to(dtype).to(tl.float32)
     up = (up_acc * x_scale).to(dtype).to(tl.float32)
-    # silu(gate) * up in the activations' dtype, as `triton_rounded_rows`' activation
-    silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
-    y = (silu * up).to(dtype)
+    y = triton_rounded_rows.silu_mul(g, up, dtype)  # as the unfused activation rounds it
     mn_mask = m_mask[:, None] & n_mask[None, :]
     tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], y, mask=mn_mask)
     magnitude = tl.where(mn_mask, tl.abs(y.to(tl.float32)), 0.0)

@@ -81,6 +81,14 @@ def _rms_norm_rounded_kernel(
 
 
 @triton.jit
+def silu_mul(gate, up, dtype: tl.constexpr):
+    """silu(gate) * up (both fp32, holding `dtype` values) rounded as torch rounds them in
+    `dtype`: the silu, then the product."""
+    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    return (silu * up).to(dtype)
+
+
+@triton.jit
 def _silu_mul_rounded_kernel(
     gu_ptr, y_ptr, q_ptr, s_ptr, n, stride_gu, stride_y, stride_q, stride_s,
     GROUP: tl.constexpr, BLOCK: tl.constexpr, HW_E4M3: tl.constexpr, STORE_Y: tl.constexpr,
@@ -90,9 +98,7 @@ def _silu_mul_rounded_kernel(
     mask = offs < n
     gate = tl.load(gu_ptr + row * stride_gu + offs, mask=mask, other=0.0)
     up = tl.load(gu_ptr + row * stride_gu + n + offs, mask=mask, other=0.0)
-    g = gate.to(tl.float32)
-    silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)  # in the dtype, as torch's
-    y = (silu * up.to(tl.float32)).to(gate.dtype).to(tl.float32)
+    y = silu_mul(gate.to(tl.float32), up.to(tl.float32), gate.dtype).to(tl.float32)
     _round_and_store(y, y_ptr + row * stride_y, q_ptr + row * stride_q, s_ptr + row * stride_s,
                      offs, mask, n, GROUP, BLOCK, HW_E4M3, STORE_Y)  # fmt: skip
 
