@@ -22,6 +22,7 @@ torch_moe.py                the PyTorch reference twins of both (test oracles)
 tiling.py                   launch settings the host code shares (no torch), the decode tiles
 arrival_counters.py         the zeroed counters by which a kernel's last program finishes
 gpu_features.py             what the device offers: compiled NVIDIA Triton, the e4m3 instructions
+triton_import.py            Triton, or where it is not installed a stand-in the modules load with
 """
 
 from __future__ import annotations

@@ -6,11 +6,10 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import triton
-import triton.language as tl
 
 from rollout.kernels.tiling import V_BY_TOKEN_MAX_PAGE, lays_out_v_by_token
 from rollout.kernels.triton_fp8_widen import widen_e4m3
+from rollout.kernels.triton_import import tl, triton
 
 FP8_KV_TILES = "fp16 K"
 """What bf16 activations widen an FP8 cache's tiles to (`fp16_keys`): "fp16 K" (K in fp16, V in

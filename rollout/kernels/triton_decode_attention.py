@@ -23,8 +23,6 @@ compile-time switches: a layer without them runs the same code as before.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from rollout.kernels.arrival_counters import ARRIVALS
 from rollout.kernels.tiling import KEYS_WIDE_MAX_ROWS, DecodeTiles, page_run
@@ -44,6 +42,7 @@ from rollout.kernels.triton_attention_tiles import (
     tile_visible,
 )
 from rollout.kernels.triton_fp8_widen import fast_widen
+from rollout.kernels.triton_import import tl, triton
 
 DECODE_TILES = DecodeTiles()
 

@@ -10,10 +10,9 @@ cheaper than torch.sort's radix passes over 64-bit keys. Larger prefill chunks b
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from rollout.kernels.torch_moe import sort_by_expert
+from rollout.kernels.triton_import import tl, triton
 
 # Above this many pairs (2,048 tokens at top-8, prefill chunks) torch.sort's radix passes: every
 # counting program reads all the pairs, which grows with the chunk (see docs/performance.md).

@@ -30,10 +30,9 @@ K tiles of an FP8 cache widen to fp16 under bf16 activations instead
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from rollout.kernels.gpu_features import compiled_on_nvidia
+from rollout.kernels.triton_import import tl, triton
 
 FAST_WIDEN = True
 """Widen with `widen_e4m3`'s integer path where it applies; benchmarks set False to time the cast."""

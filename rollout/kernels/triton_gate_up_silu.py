@@ -20,8 +20,6 @@ GPU without the FP8 MMA, or where `serves` says no, it computes the unfused ops'
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from rollout.kernels import (  # noqa: F401 - triton_w8a8_linear registers the unfused GEMM's op
     triton_linear,
@@ -31,6 +29,7 @@ from rollout.kernels import (  # noqa: F401 - triton_w8a8_linear registers the u
 from rollout.kernels.gpu_features import has_e4m3_instructions
 from rollout.kernels.torch_fp8 import FP8_DTYPE
 from rollout.kernels.triton_attention_tiles import pow2_scale
+from rollout.kernels.triton_import import tl, triton
 
 MAX_ROWS = 16
 """The most rows the op serves (more take the unfused ops). In grpo on one H100 at up to 64 rows

@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
 from rollout.kernels.arrival_counters import ARRIVALS
 from rollout.kernels.linear_residual import check_residual, plus_residual, residual_rows
 from rollout.kernels.torch_fp8 import ACTIVATION_GROUP, FP8_DTYPE
 from rollout.kernels.triton_fp8_widen import fast_widen, widen_e4m3
+from rollout.kernels.triton_import import tl, triton
 
 MAX_ROWS = 64
 

@@ -21,13 +21,12 @@ to torch.compile; `torch_moe.fused_experts_reference` is its twin.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from rollout.kernels.gpu_features import sm_count
 from rollout.kernels.torch_fp8 import FP8_DTYPE
 from rollout.kernels.triton_expert_sort import sort_pairs_by_expert
 from rollout.kernels.triton_fp8_widen import fast_widen, widen_e4m3
+from rollout.kernels.triton_import import tl, triton
 
 
 @triton.jit

@@ -10,8 +10,6 @@ triton_decode_attention.py and is re-exported here.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from rollout.kernels.tiling import EXTEND_BLOCK_M, page_run
 from rollout.kernels.triton_attention_tiles import (
@@ -34,6 +32,7 @@ from rollout.kernels.triton_decode_attention import (  # noqa: F401 - the backen
     decode_attention,
 )
 from rollout.kernels.triton_fp8_widen import fast_widen
+from rollout.kernels.triton_import import tl, triton
 
 EXTEND_BLOCK_N = 64
 

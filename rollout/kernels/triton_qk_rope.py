@@ -19,11 +19,10 @@ the twin.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from rollout.kernels import torch_qk_rope
 from rollout.kernels.gpu_features import compiled_on_nvidia
+from rollout.kernels.triton_import import tl, triton
 
 MAX_HEAD_DIM = 512
 """The widest head one program holds (wider heads take the twin)."""

@@ -27,13 +27,12 @@ MAX_ROW, they compute the twins.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from rollout.kernels import torch_rounded_rows
 from rollout.kernels.gpu_features import compiled_on_nvidia, has_e4m3_instructions
 from rollout.kernels.torch_fp8 import ACTIVATION_GROUP, FP8_DTYPE
 from rollout.kernels.triton_attention_tiles import e4m3_bits, pow2_scale
+from rollout.kernels.triton_import import tl, triton
 
 MAX_ROW = 32768
 """The widest row one program holds (wider rows take the twin)."""

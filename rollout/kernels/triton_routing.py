@@ -17,8 +17,8 @@ when renormalizing. `torch_moe.top_k_routing_reference`, the routers' own PyTorc
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from rollout.kernels.triton_import import tl, triton
 
 
 @triton.jit

@@ -14,8 +14,8 @@ most of the GPU's SMs idle; split, every SM streams (docs/performance.md, run 5)
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from rollout.kernels.triton_import import tl, triton
 
 BLOCK_V = 2048
 

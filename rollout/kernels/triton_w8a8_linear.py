@@ -15,7 +15,6 @@ and down, 1-5% slower for gate/up (bench_gemm.py --w8a8 on one H200; docs/perfor
 from __future__ import annotations
 
 import torch
-import triton
 
 from rollout.kernels import triton_linear
 from rollout.kernels.gpu_features import (
@@ -26,6 +25,7 @@ from rollout.kernels.gpu_features import (
 from rollout.kernels.linear_residual import check_residual, plus_residual, residual_rows
 from rollout.kernels.tiling import W8A8_MAX_ROWS
 from rollout.kernels.torch_fp8 import ACTIVATION_GROUP, dequantize_groups, dequantize_rows
+from rollout.kernels.triton_import import triton
 
 # 64 x 256 tiles of x and of the weight, e4m3, in six stages: one program an SM
 _DEEP_TILES = (64, 256, 6, 1, 4)
