@@ -1,12 +1,17 @@
 """The README's Ray cluster job, from the README's own setup: a local head started with Ray's
 CLI, the job submitted through the jobs API for one step, its summary read back, the head
-stopped."""
+stopped.
+
+Each `ray start` runs in a session of its own, which every process it leaves behind keeps (Ray
+gives its workers process groups of their own, not sessions), and the test ends exactly those
+processes: `ray stop --force` would end every Ray on the machine, a developer's own jobs too."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -34,20 +39,57 @@ def _run(args: list[str], env: dict, timeout: float) -> subprocess.CompletedProc
     )
 
 
+def _start_ray(args: list[str], env: dict, sessions: list[int]) -> subprocess.CompletedProcess:
+    """`ray start ...` in a new session, whose id (the CLI's pid) joins `sessions`."""
+    process = subprocess.Popen(
+        args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    sessions.append(process.pid)
+    try:
+        out, err = process.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        process.kill()  # the caller's _stop_sessions ends what it started
+        raise
+    return subprocess.CompletedProcess(args, process.returncode, out, err)
+
+
+def _stop_sessions(sessions: list[int], grace_s: float = 30.0) -> None:
+    """End every process in `sessions`: SIGTERM, then SIGKILL for what is left after grace_s."""
+    psutil = pytest.importorskip("psutil")
+
+    def members():
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                if os.getsid(proc.pid) in sessions:
+                    found.append(proc)
+            except (ProcessLookupError, PermissionError):
+                continue
+        return found
+
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        procs = members()
+        for proc in procs:
+            try:
+                proc.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=wait_s)
+
+
 @pytest.mark.slow
 def test_ray_job_submit_runs_the_job(tmp_path) -> None:
     pytest.importorskip("ray.dashboard", reason="the jobs CLI needs ray[default]")
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     env.pop("RAY_ADDRESS", None)
     out = tmp_path / "job"
-    steps = [
-        [RAY, "get-auth-token", "--generate"],
-        [RAY, "start", "--head", "--disable-usage-stats"],
-    ]
+    sessions: list[int] = []
     try:
-        for step in steps:
-            done = _run(step, env, timeout=180)
-            assert done.returncode == 0, done.stdout + done.stderr
+        done = _run([RAY, "get-auth-token", "--generate"], env, timeout=180)
+        assert done.returncode == 0, done.stdout + done.stderr
+        done = _start_ray([RAY, "start", "--head", "--disable-usage-stats"], env, sessions)
+        assert done.returncode == 0, done.stdout + done.stderr
         submit = [
             RAY, "job", "submit", "--address", "http://127.0.0.1:8265", "--working-dir", ".",
             "--", sys.executable, "scripts/train_grpo.py", "--config", "configs/default.yaml",
@@ -69,7 +111,7 @@ def test_ray_job_submit_runs_the_job(tmp_path) -> None:
         own = _run([sys.executable, "-c", _OWN_RAY], env, timeout=300)
         assert own.returncode == 0 and "own ray" in own.stdout, own.stdout + own.stderr[-3000:]
     finally:
-        _run([RAY, "stop", "--force"], env, timeout=120)
+        _stop_sessions(sessions)
 
 
 @pytest.mark.slow
@@ -90,13 +132,14 @@ def test_two_ranks_and_two_actors_spread_over_a_two_node_cluster(
         "trainer.max_completion_length=8", "trainer.save_steps=0", "wandb.mode=disabled",
         "rollout.engine={max_model_len: 64, max_num_seqs: 16, num_kv_blocks: 64, block_size: 8}",
     ]  # fmt: skip
+    sessions: list[int] = []
     try:
         for step in (
             [RAY, "start", "--head", "--port=6391", "--num-cpus=1", "--num-gpus=0",
              "--include-dashboard=false", "--disable-usage-stats"],
             [RAY, "start", f"--address={address}", "--num-cpus=3", "--num-gpus=0"],
         ):  # fmt: skip
-            done = _run(step, env, timeout=180)
+            done = _start_ray(step, env, sessions)
             assert done.returncode == 0, done.stdout + done.stderr
         plan = _run([job[0], job[1], "--plan", *job[2:]], env, timeout=300)
         assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr[-3000:]
@@ -111,7 +154,7 @@ def test_two_ranks_and_two_actors_spread_over_a_two_node_cluster(
         assert len(ranks) == 1 and len(actors) == 2, summary["placement"]
         # A third node with four logical GPUs: the plan moves to them (nothing is started).
         gpus = [RAY, "start", f"--address={address}", "--num-cpus=1", "--num-gpus=4"]
-        done = _run(gpus, env, timeout=180)
+        done = _start_ray(gpus, env, sessions)
         assert done.returncode == 0, done.stdout + done.stderr
         plan = _run([job[0], job[1], "--plan", *job[2:4], "trainer.num_processes=2"], env, 300)
         assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr[-3000:]
@@ -121,4 +164,4 @@ def test_two_ranks_and_two_actors_spread_over_a_two_node_cluster(
         assert len({node for node, _ in seated}) == 1, "all four on the GPU node"
         assert [gpu for _, gpu in seated] == ["0", "1", "2", "3"], lines
     finally:
-        _run([RAY, "stop", "--force"], env, timeout=120)
+        _stop_sessions(sessions)
