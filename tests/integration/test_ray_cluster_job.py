@@ -56,26 +56,27 @@ def _start_ray(args: list[str], env: dict, sessions: list[int]) -> subprocess.Co
 
 def _stop_sessions(sessions: list[int], grace_s: float = 30.0) -> None:
     """End every process in `sessions`: SIGTERM, then SIGKILL for what is left after grace_s."""
-    psutil = pytest.importorskip("psutil")
+    import psutil  # with ray[default]
 
-    def members():
+    def members():  # (an exited one is left to its parent: nothing to end)
         found = []
         for proc in psutil.process_iter():
             try:
-                if os.getsid(proc.pid) in sessions:
+                if os.getsid(proc.pid) in sessions and proc.status() != psutil.STATUS_ZOMBIE:
                     found.append(proc)
-            except (ProcessLookupError, PermissionError):
+            except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
                 continue
         return found
 
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        procs = members()
-        for proc in procs:
+        for proc in members():
             try:
                 proc.send_signal(sig)
             except psutil.NoSuchProcess:
                 pass
-        psutil.wait_procs(procs, timeout=wait_s)
+        deadline = time.monotonic() + wait_s
+        while members() and time.monotonic() < deadline:
+            time.sleep(0.2)
 
 
 @pytest.mark.slow
