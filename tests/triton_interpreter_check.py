@@ -643,7 +643,43 @@ def check_qk_rope() -> float:
         got = triton_qk_rope.launch(qkv, q_weight, k_weight, 1e-6, cos, sin, num_q, num_kv)
         want = torch_qk_rope.qk_norm_rope(qkv, q_weight, k_weight, 1e-6, cos, sin, num_q, num_kv)
         worst = max(worst, _error(got, want))
+        for fp8 in (False, True):
+            args = (qkv, q_weight, k_weight, 1e-6, cos, sin, num_q, num_kv)
+            if not _qk_rope_writes_what_write_kv_would(got, *args, fp8=fp8, g=g):
+                return float("inf")
     return worst
+
+
+def _qk_rope_writes_what_write_kv_would(normed, qkv, *args, fp8: bool, g) -> bool:
+    """The q/k launch that also writes the cache: its output the plain launch's, and the cache
+    (the engine's layouts: an FP8 cache's K head by head, V by token, scales head by head) the
+    twin `write_kv`'s bytes and scales from that output's keys and qkv's values, a padded
+    token's slot (-1) left alone."""
+    from rollout.kernels import triton_qk_rope
+    from rollout.kernels.torch_fp8 import FP8_DTYPE
+
+    tokens, (num_q, num_kv), head_dim = qkv.shape[0], args[-2:], args[0].shape[0]
+    blocks, page = -(-tokens // 16) + 1, 32 if fp8 else 16
+    slots = torch.randperm(blocks * page, generator=g)[:tokens].to(torch.int32)
+    if tokens > 1:  # one token left: it is written
+        slots[tokens // 3] = -1
+    dtype = FP8_DTYPE if fp8 else torch.float32
+    caches = [torch.zeros(blocks, page, num_kv, head_dim, dtype=dtype) for _ in range(4)]
+    scales = [torch.ones(blocks, page, num_kv) for _ in range(4)] if fp8 else [None] * 4
+    if fp8:
+        caches[0], caches[1] = twin.keys_by_head(caches[0]), twin.v_by_token(caches[1])
+        scales[0], scales[1] = twin.scales_by_head(scales[0]), twin.scales_by_head(scales[1])
+    kv = triton_qk_rope.KVWrite(caches[0], caches[1], slots, scales[0], scales[1])
+    got = triton_qk_rope.launch(qkv, *args, kv)
+    key = normed[:, num_q:]
+    value = qkv[:, (num_q + num_kv) * head_dim :].reshape(tokens, num_kv, head_dim)
+    twin.write_kv(key, value, caches[2], caches[3], slots, scales[2], scales[3])
+    same = torch.equal(got, normed)
+    for a, b in ((0, 2), (1, 3)):
+        same &= torch.equal(caches[a].view(torch.uint8), caches[b].view(torch.uint8))
+        if fp8:
+            same &= torch.equal(scales[a], scales[b])
+    return same
 
 
 if __name__ == "__main__":

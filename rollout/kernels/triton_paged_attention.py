@@ -38,6 +38,13 @@ EXTEND_BLOCK_N = 64
 
 
 @triton.jit
+def slot_row(slot, head, PAGE: tl.constexpr, stride_block, stride_slot, stride_head):
+    """Where (slot, head)'s row starts in a paged cache or its scales, by that tensor's strides
+    (each layout the engine holds: K head by head, V by token, the scales head by head)."""
+    return (slot // PAGE) * stride_block + (slot % PAGE) * stride_slot + head * stride_head
+
+
+@triton.jit
 def _write_kv_kernel(
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_cblock, stride_cslot, stride_chead,
@@ -54,9 +61,9 @@ def _write_kv_kernel(
         k = tl.load(key_ptr + t * stride_kt + h * stride_kh + d, mask=mask, other=0.0)
         v = tl.load(value_ptr + t * stride_vt + h * stride_vh + d, mask=mask, other=0.0)
         # K by its strides: an FP8 cache's is laid out head by head (`keys_by_head`)
-        dst = (slot // PAGE) * stride_cblock + (slot % PAGE) * stride_cslot + h * stride_chead + d
+        dst = slot_row(slot, h, PAGE, stride_cblock, stride_cslot, stride_chead) + d
         # V by its own strides: an FP8 cache's is laid out by token (`v_by_token`)
-        v_dst = (slot // PAGE) * stride_vblock + (slot % PAGE) * stride_vslot + h * stride_vhead
+        v_dst = slot_row(slot, h, PAGE, stride_vblock, stride_vslot, stride_vhead)
         v_dst += d * stride_vdim
         if FP8_KV:  # each row in e4m3 with its power-of-two scale, as torch_fp8.quantize_kv
             k = k.to(tl.float32)
@@ -64,7 +71,7 @@ def _write_kv_kernel(
             k_scale, k_inverse = pow2_scale(tl.max(tl.abs(k), 0))
             v_scale, v_inverse = pow2_scale(tl.max(tl.abs(v), 0))
             # by their own strides too: the engine's are laid out head by head (`scales_by_head`)
-            s_dst = (slot // PAGE) * stride_sblock + (slot % PAGE) * stride_sslot + h * stride_shead
+            s_dst = slot_row(slot, h, PAGE, stride_sblock, stride_sslot, stride_shead)
             tl.store(k_scale_ptr + s_dst, k_scale)
             tl.store(v_scale_ptr + s_dst, v_scale)
             tl.store(k_cache_ptr + dst, e4m3_bits(k * k_inverse), mask=mask)  # the cache as bytes

@@ -98,3 +98,82 @@ def test_compiled_bf16_graphs_equal_eager_and_agree_with_the_modules() -> None:
         for x, y in zip(r.token_ids, o.token_ids, strict=True)
     )
     assert same / sum(len(r.token_ids) for r in own) > 0.8  # bf16: a near-tie may flip
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("tokens", [1, 40, 300])
+def test_the_launch_that_writes_the_cache_writes_what_write_kv_would(
+    fp8: bool, tokens: int
+) -> None:
+    """Qwen3-8B's heads in bf16: the op's output, and the cache (an FP8 cache in the engine's
+    layouts) holding write_kv's bytes and scales from that output's keys and qkv's values; a
+    padded token's slot (-1) untouched."""
+    from rollout.kernels import torch_paged_attention as twin
+    from rollout.kernels import triton_paged_attention
+    from rollout.kernels.torch_fp8 import FP8_DTYPE
+
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    num_q, num_kv, head_dim, page = 32, 8, 128, 32 if fp8 else 16
+    qkv = torch.randn(tokens, (num_q + 2 * num_kv) * head_dim, device="cuda", generator=g)
+    qkv[tokens // 2] *= 50
+    weights = 1 + torch.randn(2, head_dim, device="cuda", generator=g) / 4
+    angles = torch.rand(tokens, head_dim, device="cuda", generator=g) * 1000
+    qkv, weights, cos, sin = (t.bfloat16() for t in (qkv, weights, angles.cos(), angles.sin()))
+    args = (qkv, weights[0], weights[1], 1e-6, cos, sin, num_q, num_kv)
+    blocks = tokens // page + 2
+    slots = torch.randperm(blocks * page, device="cuda", generator=g)[:tokens]
+    if tokens > 1:  # one token left: it is written
+        slots[tokens // 3] = -1
+    dtype = FP8_DTYPE if fp8 else torch.bfloat16
+    caches = [
+        torch.zeros(blocks, page, num_kv, head_dim, dtype=dtype, device="cuda") for _ in range(4)
+    ]
+    scales = [None] * 4
+    if fp8:  # the engine's layouts
+        layouts = [twin.keys_by_head, twin.v_by_token] * 2
+        caches = [layout(c) for layout, c in zip(layouts, caches, strict=True)]
+        scales = [
+            twin.scales_by_head(torch.ones(blocks, page, num_kv, device="cuda")) for _ in range(4)
+        ]
+    kv = triton_qk_rope.KVWrite(caches[0], caches[1], slots, scales[0], scales[1])
+    got = triton_qk_rope.norm_rope_writing_kv(*args, kv)
+    want = torch.ops.rollout.qk_norm_rope(*args)
+    assert got is not None and torch.equal(got, want)
+    key = want[:, num_q:]
+    value = qkv[:, (num_q + num_kv) * head_dim :].reshape(tokens, num_kv, head_dim)
+    triton_paged_attention.write_kv(key, value, caches[2], caches[3], slots, scales[2], scales[3])
+    for a, b in ((0, 2), (1, 3)):
+        assert torch.equal(caches[a].view(torch.uint8), caches[b].view(torch.uint8))
+        if fp8:
+            assert torch.equal(scales[a], scales[b])
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_the_engine_writing_the_cache_in_the_qk_launch_equals_write_kv(
+    kv_cache_dtype: str, monkeypatch
+) -> None:
+    """A compiled bf16 engine with CUDA graphs, sampling: the same tokens whether the q/k launch
+    writes the keys and values or the op leaves them to `write_kv` (the kernel made to decline)."""
+    model = tiny_model("qwen3").to("cuda", torch.bfloat16)
+    sampled = SamplingParams(max_tokens=40, temperature=1.0, n=2, seed=3)
+    settings = dict(
+        dtype="bfloat16", num_kv_blocks=200, compile_model=True, kv_cache_dtype=kv_cache_dtype
+    )
+    writing = _count_launches_writing(monkeypatch)
+    fused = engine_for(model, ON_GPU, **settings).generate(PROMPTS, sampled)
+    assert writing, "the steps must write the cache in the q/k launch"
+    monkeypatch.setattr(triton_qk_rope, "norm_rope_writing_kv", lambda *args: None)
+    apart = engine_for(model, ON_GPU, **settings).generate(PROMPTS, sampled)
+    assert [r.token_ids for r in fused] == [r.token_ids for r in apart]
+
+
+def _count_launches_writing(monkeypatch) -> list[int]:
+    launches = []
+    launch = triton_qk_rope.launch
+
+    def counting(*args, **kwargs):
+        launches.extend([1] if len(args) > 8 and args[8] is not None else [])
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(triton_qk_rope, "launch", counting)
+    return launches

@@ -68,3 +68,26 @@ def test_engine_greedy_equals_generate(fused_qk_rope: bool) -> None:
     prompts = model_zoo.prompts()
     outputs = engine.generate(prompts, SamplingParams(max_tokens=model_zoo.MAX_NEW, temperature=0))
     assert [r.token_ids for r in outputs] == [model_zoo.hf_greedy(model, p) for p in prompts]
+
+
+@pytest.mark.parametrize("fused_qk_rope", [True, False])
+def test_each_layer_writes_its_keys_and_values_once_a_step(fused_qk_rope: bool) -> None:
+    """Routed, the op writes the layer's keys and values into the cache and the attention
+    does not write them again; unrouted, the attention writes them. Either way greedy equals
+    transformers (a write left out would change the tokens)."""
+    model = model_zoo.tiny_model("qwen3")
+    engine = model_zoo.engine_for(model, fused_qk_rope=fused_qk_rope)
+    backend = engine._runner.backend
+    calls = {"write_kv": 0, "attend": 0}
+    for name in calls:
+        original = getattr(backend, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        setattr(backend, name, counted)
+    prompts = model_zoo.prompts()
+    outputs = engine.generate(prompts, SamplingParams(max_tokens=model_zoo.MAX_NEW, temperature=0))
+    assert [r.token_ids for r in outputs] == [model_zoo.hf_greedy(model, p) for p in prompts]
+    assert calls["write_kv"] == calls["attend"] > 0

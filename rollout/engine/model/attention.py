@@ -41,6 +41,8 @@ def paged_attention_forward(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     ctx = get_forward_context()
+    # The q/k norms' and rotary's op wrote this layer's keys and values already (fused_qk_rope)
+    kv_written = kwargs.pop("kv_written", False)
     k_cache, v_cache, k_scale, v_scale = ctx.kv_caches[module.layer_idx]
     q = query[0].transpose(0, 1)  # [num_tokens, num_heads, head_dim]
     k = key[0].transpose(0, 1)  # [num_tokens, num_kv_heads, head_dim]
@@ -51,7 +53,8 @@ def paged_attention_forward(
     check_window(module, sliding_window, window)
     if ctx.layers_attended is not None:
         ctx.layers_attended.append(module.layer_idx)
-    ctx.backend.write_kv(k, v, k_cache, v_cache, ctx.meta.slot_mapping, k_scale, v_scale)
+    if not kv_written:
+        ctx.backend.write_kv(k, v, k_cache, v_cache, ctx.meta.slot_mapping, k_scale, v_scale)
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
     out = ctx.backend.attend(
         q, k_cache, v_cache, ctx.meta, scale, window=window, softcap=softcap, sinks=s_aux,

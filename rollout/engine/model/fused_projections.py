@@ -21,7 +21,8 @@ where our Triton kernel beat cuBLAS at decode batch sizes (rollout/kernels/trito
 run through it; q/k/v and gate/up stay with cuBLAS, which was faster there.
 
 Where `fused_qk_rope.route_qk_rope` routed it, the fused attention's q/k norms and rotary run
-as one op (fused_qk_rope.py).
+as one op (fused_qk_rope.py), which inside an engine step also writes the keys and values into
+the paged cache (the attention is told so and does not write them again).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from rollout.engine.model.attention import ATTENTION_NAME
 from rollout.engine.model.fp8_linear import fp8_linear, reads_fp8_form_only
 from rollout.engine.model.fused_qk_rope import normed_rotated_qk, routed_qk_rope
 from rollout.engine.model.loader import decoder_layers
@@ -198,7 +200,11 @@ def _fused_attention_forward(
     value = value.reshape(hidden_shape).transpose(1, 2)
     cos, sin = position_embeddings
     if routed_qk_rope(self, qkv, cos, sin):  # q/k norms and rotary: one launch
-        query, key = normed_rotated_qk(self, qkv, cos, sin)
+        # inside an engine step the same launch writes the keys and values into the cache
+        kv_written = self.config._attn_implementation == ATTENTION_NAME
+        query, key = normed_rotated_qk(self, qkv, cos, sin, write_kv=kv_written)
+        if kv_written:
+            kwargs["kv_written"] = True
     else:
         query = query.reshape(hidden_shape)
         key = key.reshape(hidden_shape)

@@ -41,15 +41,66 @@ def routed_qk_rope(attn: nn.Module, qkv: torch.Tensor, cos, sin) -> bool:
     )
 
 
-def normed_rotated_qk(attn: nn.Module, qkv: torch.Tensor, cos, sin):
+def normed_rotated_qk(attn: nn.Module, qkv: torch.Tensor, cos, sin, write_kv: bool = False):
     """(query [1, q heads, tokens, head_dim], key [1, kv heads, tokens, head_dim]) from the
-    fused q/k/v GEMM's output, as views of the op's one output."""
+    fused q/k/v GEMM's output, as views of the op's one output. With `write_kv` (inside an
+    engine step, our paged attention selected), the keys and values are also in this layer's
+    cache when it returns, and the attention must not write them again."""
     num_q = attn.qkv_sizes[0] // attn.head_dim
-    normed = torch.ops.rollout.qk_norm_rope(
+    args = (
         qkv, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.variance_epsilon, cos, sin,
         num_q, attn.qkv_sizes[1] // attn.head_dim,
     )  # fmt: skip
+    if write_kv:
+        normed = torch.ops.rollout.qk_norm_rope_into_cache(*args, attn.layer_idx)
+    else:
+        normed = torch.ops.rollout.qk_norm_rope(*args)
     return normed[..., :num_q, :].transpose(1, 2), normed[..., num_q:, :].transpose(1, 2)
+
+
+# The cache is found through the step's forward context, not passed: torch.compile sees a
+# function of qkv, as for vLLM's attention ops, and never the cache it writes (an in-place write
+# into a graph input that the compiled layer would otherwise have to order or copy). The
+# attention function that follows in the same layer is opaque to torch.compile and reads the
+# cache only after this op has run.
+@torch.library.custom_op("rollout::qk_norm_rope_into_cache", mutates_args=())
+def qk_norm_rope_into_cache(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    layer_idx: int,
+) -> torch.Tensor:
+    """`rollout::qk_norm_rope`, and the normed, rotated keys and the values (qkv's last heads)
+    written into layer `layer_idx`'s cache of the current engine step: by the same Triton
+    launch under the Triton backend, else by the backend's `write_kv` after the op."""
+    from rollout.engine.model.forward_context import get_forward_context
+    from rollout.kernels import triton_qk_rope
+
+    ctx = get_forward_context()
+    k_cache, v_cache, k_scale, v_scale = ctx.kv_caches[layer_idx]
+    args = (qkv, q_weight, k_weight, eps, cos, sin, num_q_heads, num_kv_heads)
+    if ctx.backend.name == "triton":
+        kv = triton_qk_rope.KVWrite(k_cache, v_cache, ctx.meta.slot_mapping, k_scale, v_scale)
+        normed = triton_qk_rope.norm_rope_writing_kv(*args, kv)
+        if normed is not None:
+            return normed
+    normed = torch.ops.rollout.qk_norm_rope(*args)
+    head_dim = q_weight.shape[0]
+    key = normed[..., num_q_heads:, :].reshape(-1, num_kv_heads, head_dim)
+    value = qkv[..., (num_q_heads + num_kv_heads) * head_dim :]
+    value = value.reshape(-1, num_kv_heads, head_dim)
+    ctx.backend.write_kv(key, value, k_cache, v_cache, ctx.meta.slot_mapping, k_scale, v_scale)
+    return normed
+
+
+@qk_norm_rope_into_cache.register_fake
+def _(qkv, q_weight, k_weight, eps, cos, sin, num_q_heads, num_kv_heads, layer_idx):
+    return qkv.new_empty(*qkv.shape[:-1], num_q_heads + num_kv_heads, q_weight.shape[0])
 
 
 def _serves(attn: nn.Module) -> bool:
