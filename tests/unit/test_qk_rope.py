@@ -77,7 +77,7 @@ def test_each_layer_writes_its_keys_and_values_once_a_step(fused_qk_rope: bool) 
     transformers (a write left out would change the tokens)."""
     model = model_zoo.tiny_model("qwen3")
     engine = model_zoo.engine_for(model, fused_qk_rope=fused_qk_rope)
-    backend = engine._runner.backend
+    backend = engine.debug_internals().runner.backend
     calls = {"write_kv": 0, "attend": 0}
     for name in calls:
         original = getattr(backend, name)
