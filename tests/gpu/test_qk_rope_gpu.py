@@ -53,12 +53,13 @@ def test_kernel_equals_its_twin(dtype: torch.dtype, tokens: int, head_dim: int) 
         assert (got == want).float().mean() > 0.99
 
 
-def _count_launches(monkeypatch) -> list[int]:
+def _count_launches(monkeypatch) -> list[bool]:
+    """One entry a q/k launch: whether it also wrote the cache (its `kv` argument)."""
     launches = []
     launch = triton_qk_rope.launch
 
     def counting(*args, **kwargs):
-        launches.append(1)
+        launches.append((args[8] if len(args) > 8 else kwargs.get("kv")) is not None)
         return launch(*args, **kwargs)
 
     monkeypatch.setattr(triton_qk_rope, "launch", counting)
@@ -159,21 +160,9 @@ def test_the_engine_writing_the_cache_in_the_qk_launch_equals_write_kv(
     settings = dict(
         dtype="bfloat16", num_kv_blocks=200, compile_model=True, kv_cache_dtype=kv_cache_dtype
     )
-    writing = _count_launches_writing(monkeypatch)
+    launches = _count_launches(monkeypatch)
     fused = engine_for(model, ON_GPU, **settings).generate(PROMPTS, sampled)
-    assert writing, "the steps must write the cache in the q/k launch"
+    assert any(launches), "the steps must write the cache in the q/k launch"
     monkeypatch.setattr(triton_qk_rope, "norm_rope_writing_kv", lambda *args: None)
     apart = engine_for(model, ON_GPU, **settings).generate(PROMPTS, sampled)
     assert [r.token_ids for r in fused] == [r.token_ids for r in apart]
-
-
-def _count_launches_writing(monkeypatch) -> list[int]:
-    launches = []
-    launch = triton_qk_rope.launch
-
-    def counting(*args, **kwargs):
-        launches.extend([1] if len(args) > 8 and args[8] is not None else [])
-        return launch(*args, **kwargs)
-
-    monkeypatch.setattr(triton_qk_rope, "launch", counting)
-    return launches
