@@ -138,10 +138,10 @@ class EngineConfig:
     where FP8 weights alone gain nothing; 2-10% faster than FP8 weights alone for the narrow
     projections at 1-16 rows). In Llama-family layers the norms round q/k/v's and gate/up's
     inputs in their own kernel, and a SiLU MLP's activation down's (rounded_layers.py). On the
-    Qwen3-8B shape's grpo workload, with FP8 weights, KV cache and LM head: 1.23x of bf16 on one
-    H200 (1.20x without it, in another run), twice the drift to bf16 of FP8 weights alone
-    (docs/performance.md). Dense models
-    only (MoE experts are refused); the LM head's input is not rounded. "fp8-group": the same
+    Qwen3-8B shape's grpo workload, with FP8 weights, KV cache and LM head (and its input): 1.33x
+    of bf16 on one H200, 1.63x on one H100, at twice the drift to bf16 of FP8 weights alone
+    (docs/performance.md). Dense models only (MoE experts are refused); the LM head's input is
+    rounded only with fp8_lm_head_input. "fp8-group": the same
     with a scale per 128 consecutive inputs of a row (the 1 x 128 tiles of the FP8 training
     recipes), so an outlier coarsens only its own group; 2% slower on that workload (the FP8
     MMA scales each 128 of K's products apart)."""
