@@ -7,6 +7,7 @@
 #   gemm-sweep  the FP8 GEMM's tile choices, tail to crowded steps (SWEEP_ROWS: 8 16 32 64 128)
 #   gemm-scaled the decode GEMMs with torch._scaled_mm beside them (GEMM_ROWS: 16 32 64 128)
 #   w1       qwen3-8b-w1 (32 x (256 + 2048)), bf16 then FP8 weights
+#   w1-main  the same workload in main's FP8 setting (grpo-w8a8-head-input's), then bf16
 #   grpo     the grpo workload on the Qwen3-8B shape, bf16 then FP8 weights
 #   grpo-moe the grpo workload on the Qwen3-30B-A3B shape (GRPO_MOE_ARGS), bf16 then FP8
 #   tail     a tail-only grpo mix (2 prompts x 4 samples, up to 4,096 tokens), bf16 then FP8
@@ -199,6 +200,14 @@ for part in "$@"; do
           --m $m --scaled-mm --json-out "$OUT_DIR/gemm_scaled_mm_qwen3-8b_m$m.json"
       done ;;
     w1) both w1_qwen3-8b 150 --workload qwen3-8b-w1 ;;
+    w1-main)
+      for setting in main bf16; do
+        settings=("${FP8_MAIN[@]}")
+        [ "$setting" = bf16 ] && settings=(--engine weight_quantization=none)
+        run "w1_qwen3-8b_$setting" 150 benchmarks/bench_rollout.py --workload qwen3-8b-w1 \
+          --modes overlap "${settings[@]}" --json-out "$OUT_DIR/w1_qwen3-8b_$setting.json" \
+          --plot-out "$PLOT_DIR/w1_qwen3-8b_$setting.png"
+      done ;;
     grpo) both grpo_qwen3-8b 240 --workload grpo ;;
     grpo-kv) FP8_EXTRA=kv_cache_dtype=fp8 both grpo_kv_qwen3-8b 240 --workload grpo ;;
     grpo-all) both grpo_qwen3-8b 200 --workload grpo
