@@ -145,6 +145,10 @@ both() {  # both NAME SECONDS ARGS...: bf16 weights, then FP8 (and $FP8_EXTRA, e
 # main's FP8 setting: weights, KV cache, activations, LM head and its input
 FP8_MAIN=(--engine weight_quantization=fp8 --engine kv_cache_dtype=fp8
   --engine activation_quantization=fp8 --engine fp8_lm_head=true --engine fp8_lm_head_input=true)
+setting_flags() {  # setting_flags bf16|other: sets `settings` to bf16's flags, else FP8_MAIN
+  if [ "$1" = bf16 ]; then settings=(--engine weight_quantization=none)
+  else settings=("${FP8_MAIN[@]}"); fi
+}
 grpo_main() {  # grpo_main NAME ARGS...: the grpo workload in main's FP8 setting and ARGS
   local name=$1
   shift
@@ -161,8 +165,8 @@ regimes_main() {  # regimes_main NAME ARGS...: bench_decode_regimes in main's FP
   local name=$1 setting
   shift
   for setting in fp8 bf16; do
-    local settings=("${FP8_MAIN[@]}")
-    [ "$setting" = bf16 ] && settings=(--engine weight_quantization=none)
+    local settings
+    setting_flags "$setting"
     run "decode_regimes_${name}_$setting" 180 benchmarks/bench_decode_regimes.py "$@" \
       "${settings[@]}" --json-out "$OUT_DIR/decode_regimes_${name}_$setting.json"
   done
@@ -202,8 +206,7 @@ for part in "$@"; do
     w1) both w1_qwen3-8b 150 --workload qwen3-8b-w1 ;;
     w1-main)
       for setting in main bf16; do
-        settings=("${FP8_MAIN[@]}")
-        [ "$setting" = bf16 ] && settings=(--engine weight_quantization=none)
+        setting_flags "$setting"
         run "w1_qwen3-8b_$setting" 150 benchmarks/bench_rollout.py --workload qwen3-8b-w1 \
           --modes overlap "${settings[@]}" --json-out "$OUT_DIR/w1_qwen3-8b_$setting.json" \
           --plot-out "$PLOT_DIR/w1_qwen3-8b_$setting.png"
